@@ -1,0 +1,37 @@
+"""Load C kernels with cffi in ABI mode: dlopen the built library, no compiler at load time."""
+from pathlib import Path
+
+import cffi
+
+from .abi import KernelCallable, flat_view
+
+CTYPES = {"float64": "double", "float32": "float"}
+
+
+def declaration(signature, result="void"):
+    """The cdef of a kernel's exported function (cffi's parser takes no `restrict`)."""
+    ctype = CTYPES[signature.dtype]
+    params = [f"const {ctype} *" if a.intent == "in" else f"{ctype} *" for a in signature.arrays]
+    params += ["int64_t"] * len(signature.sizes) + [ctype] * len(signature.scalars)
+    return f"{result} {signature.name}({', '.join(params)});"
+
+
+def load(path):
+    """The library bind() takes: its path. Each bind dlopens it with an FFI of its own, since
+    one FFI declares a name once and the f64 and f32 variants are bound separately."""
+    return Path(path)
+
+
+def bind(library, signature, validate=None):
+    ffi = cffi.FFI()
+    ffi.cdef(declaration(signature))
+    function = getattr(ffi.dlopen(str(library)), signature.name)  # ffi keeps the library open
+    buffer_type = CTYPES[signature.dtype] + "[]"
+    n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
+
+    def native_call(*args):
+        arrays = [ffi.from_buffer(buffer_type, flat_view(a), require_writable=i >= n_inputs)
+                  for i, a in enumerate(args[:n_arrays])]
+        function(*arrays, *args[n_arrays:])
+
+    return KernelCallable(signature, native_call, validate)

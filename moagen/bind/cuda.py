@@ -1,0 +1,57 @@
+"""Run CUDA kernels: the nvcc-built library's host launchers take device pointers; pycuda
+moves the arrays. pycuda is imported when a library is loaded, never at module import, so
+everything else works on machines without it."""
+from pathlib import Path
+
+import cffi
+
+from ..errors import DeviceUnavailable
+from .abi import KernelCallable, flat_view
+from .c import CTYPES, declaration
+
+
+def load(path):
+    """The library bind() takes (its path), once a device is known to be there."""
+    _gpuarray()
+    return Path(path)
+
+
+def bind(library, signature, validate=None):
+    gpuarray = _gpuarray()
+    ffi = cffi.FFI()
+    ffi.cdef(declaration(signature, result="int"))
+    launcher = getattr(ffi.dlopen(str(library)), signature.name)
+    pointer_type = CTYPES[signature.dtype] + " *"
+    n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
+    n_outputs = len(signature.outputs)
+
+    def native_call(*args):
+        host = [flat_view(a) for a in args[:n_arrays]]
+        device = [gpuarray.to_gpu(a) for a in host[:n_inputs]]
+        device += [gpuarray.empty(a.shape, a.dtype) for a in host[n_inputs:]]
+        code = launcher(*(ffi.cast(pointer_type, int(d.gpudata)) for d in device), *args[n_arrays:])
+        if code != 0:
+            raise RuntimeError(f"{signature.name}: the CUDA launcher returned cudaError_t {code}")
+        for h, d in zip(host[n_inputs:n_inputs + n_outputs], device[n_inputs:]):
+            d.get(ary=h)  # into the caller's output memory; scratch stays on the device
+
+    return KernelCallable(signature, native_call, validate)
+
+
+def _gpuarray():
+    """pycuda.gpuarray on the device's primary context, which the launchers' runtime API
+    calls use too; DeviceUnavailable when there is no pycuda or no GPU."""
+    try:
+        import pycuda.driver as driver
+    except ImportError as error:
+        raise DeviceUnavailable(f"CUDA kernels need pycuda, which cannot be imported ({error}); "
+                                "install it on a machine with a CUDA driver: pip install pycuda") from error
+    try:
+        driver.init()
+        if driver.Device.count() == 0:
+            raise DeviceUnavailable("no CUDA device found")
+        import pycuda.autoprimaryctx  # noqa: F401  (makes the primary context current)
+        import pycuda.gpuarray
+    except driver.Error as error:
+        raise DeviceUnavailable(f"no usable CUDA device: {error}") from error
+    return pycuda.gpuarray

@@ -1,0 +1,220 @@
+"""Build generated kernel sources with the system compilers, caching the artifacts.
+
+Each artifact lives in `<build dir>/<stem>-<hash>/`, the hash taken over everything that
+decides the output (language, source text, compiler and flags). A folder there is complete:
+it is built in a private folder and renamed into place in one step, so a cache hit needs no
+compiler and two processes building the same kernel at once both end up with one artifact.
+"""
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from .errors import CompileError, CompilerNotFound
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# What to install when a tool is missing: the Debian package, or the pinned pip package.
+INSTALL_C = "apt-get install gcc"
+INSTALL_FORTRAN = "apt-get install gfortran"
+INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA's cuda package)"
+INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
+INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
+
+
+def _env(name, default):
+    return lambda: os.environ.get(name, default)
+
+
+def _env_flags(name, default):
+    return lambda: tuple(shlex.split(os.environ[name])) if name in os.environ else default
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Compilers and flags for every language. Defaults come from the environment (CC, FC,
+    NVCC, MOAGEN_CFLAGS, MOAGEN_FFLAGS, MOAGEN_NVCCFLAGS) when the Toolchain is made."""
+
+    cc: str = field(default_factory=_env("CC", "gcc"))
+    cflags: tuple = field(
+        default_factory=_env_flags("MOAGEN_CFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c99")))
+    cldflags: tuple = ("-shared", "-lm")
+    fc: str = field(default_factory=_env("FC", "gfortran"))
+    fflags: tuple = field(
+        default_factory=_env_flags("MOAGEN_FFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC")))
+    fldflags: tuple = ("-lgomp",)  # the f2py extension links the OpenMP runtime itself
+    nvcc: str = field(default_factory=_env("NVCC", "nvcc"))
+    nvccflags: tuple = field(default_factory=_env_flags("MOAGEN_NVCCFLAGS", ("-O3",)))
+    nvccldflags: tuple = ("-Xcompiler", "-fPIC", "-shared")  # the runnable library only
+
+    def describe(self):
+        """Compiler versions and flags, for benchmark records."""
+        return {
+            "c": {"compiler": self.cc, "version": _version(self.cc),
+                  "flags": list(self.cflags), "link": list(self.cldflags)},
+            "fortran": {"compiler": self.fc, "version": _version(self.fc),
+                        "flags": list(self.fflags), "link": list(self.fldflags),
+                        "f90wrap": _package_version("f90wrap")},
+            "cuda": {"compiler": self.nvcc, "version": _version(self.nvcc),
+                     "flags": list(self.nvccflags), "link": list(self.nvccldflags)},
+        }
+
+
+@dataclass(frozen=True)
+class CubinResult:
+    cubin: Path
+    ptxas_report: str  # ptxas -v: registers, shared memory, spills per kernel
+
+
+def build_dir():
+    return Path(os.environ.get("MOAGEN_BUILD_DIR", PROJECT_ROOT / "build"))
+
+
+def build_c(source, stem, toolchain=None):
+    """Build C source into a shared library (for cffi dlopen); returns its path."""
+    tc = toolchain or Toolchain()
+    key = ("c", source, tc.cc, tc.cflags, tc.cldflags)
+
+    def build(folder, name):
+        cc = _require(tc.cc, "C compiler", INSTALL_C)
+        src = _write(folder / f"{stem}.c", source)
+        _run([cc, *tc.cflags, "-o", str(folder / f"lib{stem}.so"), str(src), *tc.cldflags], src)
+
+    return _cached(stem, key, build) / f"lib{stem}.so"
+
+
+def build_fortran(source, stem, module, toolchain=None):
+    """Build Fortran source defining `module` into an f2py/f90wrap extension module; returns
+    the extension's path. Its import name is the file name up to the first dot, unique to
+    this build so that several kernels load into one process."""
+    if not re.search(rf"^\s*module\s+{re.escape(module)}\s*$", source, re.IGNORECASE | re.MULTILINE):
+        raise ValueError(f"Fortran source for {stem!r} defines no module {module!r}")
+    tc = toolchain or Toolchain()
+    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags)
+
+    def build(folder, name):
+        fc = _require(tc.fc, "Fortran compiler", INSTALL_FORTRAN)
+        cc = _require(tc.cc, "C compiler (f2py compiles a C wrapper)", INSTALL_C)
+        f90wrap, f2py = _script("f90wrap"), _script("f2py-f90wrap")
+        bin_dir = os.path.dirname(sys.executable)
+        path = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        for tool in ("meson", "ninja"):  # f2py's meson backend runs them by name
+            if shutil.which(tool, path=path) is None:
+                raise CompilerNotFound(f"{tool} not found (f2py needs it); install it with: {INSTALL_MESON}")
+        env = {**os.environ, "PATH": path, "FC": fc, "CC": cc}
+
+        src = _write(folder / f"{stem}.f90", source)
+        _run([fc, *tc.fflags, "-c", src.name, "-o", f"{stem}.o"], src, cwd=folder)
+        _run([f90wrap, "-m", stem, src.name], src, cwd=folder)
+        _run([f2py, "-c", "-m", f"_{name}", f"-I{folder}", f"f90wrap_{stem}.f90", f"{stem}.o",
+              f"--f90flags={' '.join(tc.fflags)}", *tc.fldflags], src, cwd=folder, env=env)
+
+    folder = _cached(stem, key, build)
+    return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def build_cuda(source, stem, toolchain=None):
+    """Build CUDA source into a shared library of host launchers; returns its path."""
+    tc = toolchain or Toolchain()
+    key = ("cuda", source, tc.nvcc, tc.nvccflags, tc.nvccldflags)
+
+    def build(folder, name):
+        nvcc = _require(tc.nvcc, "CUDA compiler", INSTALL_CUDA)
+        src = _write(folder / f"{stem}.cu", source)
+        _run([nvcc, *tc.nvccflags, *tc.nvccldflags, "-o", str(folder / f"lib{stem}.so"), str(src)], src)
+
+    return _cached(stem, key, build) / f"lib{stem}.so"
+
+
+def compile_cuda(source, stem, arch, toolchain=None):
+    """Compile CUDA source to a cubin for `arch` (e.g. "sm_90"), keeping ptxas' report."""
+    tc = toolchain or Toolchain()
+    key = ("cubin", arch, source, tc.nvcc, tc.nvccflags)
+
+    def build(folder, name):
+        nvcc = _require(tc.nvcc, "CUDA compiler", INSTALL_CUDA)
+        src = _write(folder / f"{stem}.cu", source)
+        report = _run([nvcc, *tc.nvccflags, f"-arch={arch}", "-cubin", "-Xptxas", "-v",
+                       "-o", str(folder / f"{stem}.cubin"), str(src)], src)
+        _write(folder / "ptxas.txt", report)
+
+    folder = _cached(stem, key, build)
+    return CubinResult(folder / f"{stem}.cubin", (folder / "ptxas.txt").read_text())
+
+
+def _cached(stem, key, build):
+    """The artifact folder for `key`, running build(private folder, final folder name) first
+    when it does not exist yet."""
+    if not re.fullmatch(r"[A-Za-z_]\w*", stem):
+        raise ValueError(f"kernel stem must be an identifier, got {stem!r}")
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    final = build_dir() / f"{stem}-{digest}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    private.chmod(0o755)  # mkdtemp's 0700 would hide the artifact from other users
+    build(private, final.name.replace("-", "_"))  # on failure the folder stays, for inspection
+    try:
+        os.rename(private, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(private)  # another process won the race: use its artifact
+    return final
+
+
+def _run(command, source, cwd=None, env=None):
+    """Run one build step; returns its output (stdout and stderr interleaved)."""
+    done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        where = f"cd {shlex.quote(str(cwd))} && " if cwd else ""
+        raise CompileError(f"compile failed (exit status {done.returncode})\n"
+                           f"command: {where}{shlex.join(command)}\n"
+                           f"source: {source}\n"
+                           f"output:\n{done.stdout}")
+    return done.stdout
+
+
+def _require(program, what, install):
+    if shutil.which(program) is None:
+        raise CompilerNotFound(f"{what} {program!r} not found on PATH; install it with: {install}")
+    return program
+
+
+def _script(name):
+    """A console script of this Python environment (f90wrap installs them next to python)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise CompilerNotFound(f"{name} not found next to {sys.executable}; install it with: {INSTALL_F90WRAP}")
+    return str(path)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def _version(program):
+    """The first line of `program --version` that carries a version number."""
+    if shutil.which(program) is None:
+        return "not found"
+    text = subprocess.run([program, "--version"], capture_output=True, text=True).stdout
+    return next((line for line in text.splitlines() if re.search(r"\d+\.\d+", line)), text.strip())
+
+
+def _package_version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"

@@ -1,0 +1,104 @@
+"""C99 + OpenMP backend."""
+import math
+
+from sympy.printing.c import C99CodePrinter
+
+from moagen.codegen.printer import Printer, render
+from moagen.onf.loops import Loop
+
+C_TYPE = {"float64": "double", "float32": "float"}
+
+
+class IndexPrinter(C99CodePrinter):
+    """sympy's C printer, with integer min and integer division for index arithmetic."""
+
+    def _print_Min(self, expr):
+        a, b = (self._print(x) for x in expr.args)
+        return f"({a} < {b} ? {a} : {b})"
+
+    def _print_idiv(self, expr):
+        a, b = (self._print(x) for x in expr.args)
+        return f"({a}) / {b}"
+
+
+class CPrinter(Printer):
+    index_printer = IndexPrinter()
+    restrict = "restrict"
+
+    @property
+    def real(self):
+        return C_TYPE[self.dtype]
+
+    # ---- the function -------------------------------------------------------------------
+    def params(self):
+        out = []
+        for a in self.sig.arrays:
+            const = "const " if a.intent == "in" else ""
+            out.append(f"{const}{self.real} *{self.restrict} {a.name}")
+        out += [f"int64_t {s}" for s in self.sig.sizes]
+        out += [f"{self.real} {s}" for s in self.sig.scalars]
+        return out
+
+    def function(self):
+        body = []
+        for nest in self.onf.nests:
+            body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
+            body += self.block(nest.body, 1)
+        return {"name": self.sig.name, "params": self.params(), "body": body}
+
+    def comment(self, lines):
+        return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]
+
+    # ---- statements -------------------------------------------------------------------
+    def loop(self, loop: Loop, depth):
+        pad = self.indent * depth
+        v = loop.var
+        head = (f"for (int64_t {v} = {self.index(loop.start)}; {v} < {self.index(loop.stop)}; "
+                f"++{v}) {{")
+        pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) schedule(static)"]
+                  if loop.parallel else [])
+        return pragma + [pad + head] + self.block(loop.body, depth + 1) + [pad + "}"]
+
+    def let(self, name, value, mutable):
+        return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
+
+    def update(self, name, op, value):
+        if op == "+":
+            return f"{name} += {value};"
+        return f"{name} = {self.call(op, name, value)};"
+
+    def store(self, array, offset, value, accumulate):
+        target = f"{array}[{offset}]"
+        if accumulate is None:
+            return f"{target} = {value};"
+        if accumulate == "+":
+            return f"{target} += {value};"
+        return f"{target} = {self.call(accumulate, target, value)};"
+
+    # ---- expressions ------------------------------------------------------------------
+    def load(self, array, offset):
+        return f"{array}[{offset}]"
+
+    def to_real(self, integer_text):
+        return f"({self.real}){integer_text}" if integer_text.isidentifier() else \
+            f"({self.real})({integer_text})"
+
+    def number(self, value):
+        suffix = "f" if self.dtype == "float32" else ""
+        if math.isinf(value):
+            return "-INFINITY" if value < 0 else "INFINITY"
+        return f"{value!r}{suffix}"
+
+    def call(self, fn, *args):
+        name = {"max": "fmax", "min": "fmin"}.get(fn, fn)
+        if self.dtype == "float32":
+            name += "f"
+        return f"{name}({', '.join(args)})"
+
+    def select(self, cond, then, other):
+        return f"({cond} ? {then} : {other})"
+
+
+def emit_c(onfs_by_dtype, banner):
+    functions = [CPrinter(onf, dtype).function() for dtype, onf in onfs_by_dtype]
+    return render("c/kernel.c.j2", banner=banner, functions=functions)

@@ -1,0 +1,146 @@
+"""Fortran 2008 + OpenMP backend: one module per kernel variant, each function a
+`bind(C)` subroutine over flat 0-based arrays, so the offsets gamma computed are the same
+as in C and the f90wrap binding sees plain 1-D arrays."""
+import math
+
+from sympy.printing.fortran import FCodePrinter
+
+from moagen.codegen.printer import Printer, render
+from moagen.errors import SpecError
+from moagen.onf.loops import Loop
+
+KIND = {"float64": "c_double", "float32": "c_float"}
+LINE = 100  # wrap statements longer than this (the standard allows 132 characters)
+
+
+class IndexPrinter(FCodePrinter):
+    def __init__(self):
+        super().__init__({"source_format": "free", "standard": 2008})
+
+    def _print_idiv(self, expr):
+        a, b = (self._print(x) for x in expr.args)
+        return f"({a}) / {b}"
+
+
+class FortranPrinter(Printer):
+    indent = "  "
+    index_printer = IndexPrinter()
+
+    def __init__(self, onf, dtype):
+        super().__init__(onf, dtype)
+        self.kind = KIND[dtype]
+        self.uses_neg_inf = False
+        _check_case_insensitive(onf, self)
+
+    @property
+    def real(self):
+        return f"real({self.kind})"
+
+    def subroutine(self):
+        body = []
+        for nest in self.onf.nests:
+            body += [self.indent * 2 + "! " + line for line in self.nest_comment(nest)]
+            body += self.block(nest.body, 2)
+        sig = self.sig
+        arrays = []
+        for a in sig.arrays:
+            intent = "in" if a.intent == "in" else "out"
+            size = " * ".join(self.index(d) for d in a.shape)
+            arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
+        loop_vars = self.loop_vars_in([s for n in self.onf.nests for s in n.body])
+        locals_ = self.locals_in([s for n in self.onf.nests for s in n.body])
+        return {
+            "name": sig.name,
+            "args": [a.name for a in sig.arrays] + [s.name for s in sig.sizes] + list(sig.scalars),
+            "sizes": ", ".join(s.name for s in sig.sizes),
+            "scalars": ", ".join(sig.scalars),
+            "real": self.real, "kind": self.kind,
+            "arrays": arrays,
+            "loop_vars": ", ".join(loop_vars),
+            "locals": ", ".join(locals_),
+            "neg_inf": self.uses_neg_inf,
+            "body": [wrapped for line in body for wrapped in _wrap(line)],
+        }
+
+    # ---- statements -------------------------------------------------------------------
+    def loop(self, loop: Loop, depth):
+        pad = self.indent * depth
+        head = f"do {loop.var} = {self.index(loop.start)}, {self.index(loop.stop - 1)}"
+        if not loop.parallel:
+            return [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
+        inner = loop
+        for _ in range(loop.parallel - 1):
+            inner = inner.body[0]
+        private = self.loop_vars_in(inner.body) + self.locals_in(inner.body)
+        clause = f" private({', '.join(private)})" if private else ""
+        return ([f"{pad}!$omp parallel do collapse({loop.parallel}) schedule(static){clause}",
+                 pad + head] + self.block(loop.body, depth + 1)
+                + [pad + "end do", f"{pad}!$omp end parallel do"])
+
+    def let(self, name, value, mutable):
+        return f"{name} = {value}"
+
+    def update(self, name, op, value):
+        if op == "+":
+            return f"{name} = {name} + {value}"
+        return f"{name} = {self.call(op, name, value)}"
+
+    def store(self, array, offset, value, accumulate):
+        target = f"{array}({offset})"
+        if accumulate is None:
+            return f"{target} = {value}"
+        if accumulate == "+":
+            return f"{target} = {target} + {value}"
+        return f"{target} = {self.call(accumulate, target, value)}"
+
+    # ---- expressions ------------------------------------------------------------------
+    def load(self, array, offset):
+        return f"{array}({offset})"
+
+    def to_real(self, integer_text):
+        return f"real({integer_text}, {self.kind})"
+
+    def number(self, value):
+        if math.isinf(value):
+            if value > 0:
+                raise SpecError("the Fortran backend has no +inf literal")
+            self.uses_neg_inf = True
+            return "neg_inf"
+        return f"{value!r}_{self.kind}"
+
+    def call(self, fn, *args):
+        return f"{fn}({', '.join(args)})"
+
+    def select(self, cond, then, other):
+        # merge() evaluates both branches, and catenation's other branch reads out of bounds
+        raise SpecError("the Fortran backend cannot print catenation (a Select) yet")
+
+
+def _check_case_insensitive(onf, printer):
+    """Fortran ignores case: `K` (an array) and `k` (a loop) would be one name."""
+    names = ([b.name for b in onf.inputs + onf.outputs + onf.temps] + [s.name for s in onf.sizes]
+             + list(onf.scalars))
+    stmts = [s for n in onf.nests for s in n.body]
+    names += printer.loop_vars_in(stmts) + printer.locals_in(stmts)
+    seen = {}
+    for name in names:
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            raise SpecError(f"{onf.name}: names {other} and {name} are the same name in Fortran, "
+                            f"which ignores case; rename one in the spec")
+
+
+def _wrap(line):
+    """Split a long statement with `&` continuations at spaces."""
+    if len(line) <= LINE or line.lstrip().startswith("!"):
+        return [line]
+    pad = " " * (len(line) - len(line.lstrip()) + 4)
+    cut = line.rfind(" ", 0, LINE - 2)
+    return [line[:cut] + " &"] + _wrap(pad + "& " + line[cut + 1:])
+
+
+def emit_fortran(onfs_by_dtype, banner, module):
+    subs = [FortranPrinter(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
+    kinds = sorted({s["kind"] for s in subs})
+    return render("fortran/module.f90.j2", banner=banner, module=module, subroutines=subs,
+                  kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))

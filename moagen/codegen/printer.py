@@ -1,0 +1,148 @@
+"""What every backend shares: walking an ONF's statements and printing expressions with the
+right precedence. A backend implements the hooks (loop, parallel loop, let, update, store,
+literals, function names) and a Jinja2 template holds its file skeleton."""
+from pathlib import Path
+
+import jinja2
+import sympy
+
+from moagen.moa import scalar as S
+from moagen.moa.dnf import PRECEDENCE
+from moagen.onf.loops import Let, Loop, ONF, Store, Update, walk
+from moagen.onf.signature import DTYPE_SUFFIX, ArrayParam, Signature
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                          undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                          trim_blocks=True, lstrip_blocks=True)
+
+
+def render(template: str, **context) -> str:
+    return _env.get_template(template).render(**context)
+
+
+def signature(onf: ONF, dtype: str) -> Signature:
+    """The ABI of one ONF at one dtype: inputs, outputs, scratch; sizes; scalars."""
+    arrays = ([ArrayParam(b.name, b.shape, "in") for b in onf.inputs]
+              + [ArrayParam(b.name, b.shape, "out") for b in onf.outputs]
+              + [ArrayParam(b.name, b.shape, "scratch") for b in onf.temps])
+    return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),
+                     onf.sizes, onf.scalars, dtype, onf.layout)
+
+
+def updated_names(stmts) -> set:
+    return {s.name for s in walk(stmts) if isinstance(s, Update)}
+
+
+class Printer:
+    """Prints one ONF at one dtype. Subclasses set `index_printer` (a sympy code printer)
+    and implement the hooks below."""
+    indent = "    "
+    index_printer: sympy.printing.codeprinter.CodePrinter
+
+    def __init__(self, onf: ONF, dtype: str):
+        if not onf.flat:
+            raise ValueError("printers need an ONF after the layout step")
+        self.onf = onf
+        self.dtype = dtype
+        self.sig = signature(onf, dtype)
+        self.updated = {n for nest in onf.nests for n in updated_names(nest.body)}
+
+    # ---- statements -------------------------------------------------------------------
+    def block(self, stmts, depth):
+        lines = []
+        for s in stmts:
+            pad = self.indent * depth
+            if isinstance(s, Loop):
+                lines += self.loop(s, depth)
+            elif isinstance(s, Let):
+                lines.append(pad + self.let(s.name, self.expr(s.value), s.name in self.updated))
+            elif isinstance(s, Update):
+                lines.append(pad + self.update(s.name, s.op, self.expr(s.value)))
+            elif isinstance(s, Store):
+                lines.append(pad + self.store(s.array, self.index(s.index[0]), self.expr(s.value),
+                                              s.accumulate))
+        return lines
+
+    def loop(self, loop: Loop, depth) -> list:
+        raise NotImplementedError
+
+    def let(self, name, value, mutable) -> str:
+        raise NotImplementedError
+
+    def update(self, name, op, value) -> str:
+        raise NotImplementedError
+
+    def store(self, array, offset, value, accumulate) -> str:
+        raise NotImplementedError
+
+    # ---- expressions ------------------------------------------------------------------
+    def index(self, e) -> str:
+        return self.index_printer.doprint(e)
+
+    def expr(self, e) -> str:
+        if isinstance(e, S.Load):
+            return self.load(e.array, self.index(e.offset))
+        if isinstance(e, S.Num):
+            return self.number(e.value)
+        if isinstance(e, S.Dim):
+            return self.to_real(self.index(e.value))
+        if isinstance(e, (S.Param, S.Local)):
+            return e.name
+        if isinstance(e, S.Bin):
+            if e.op in PRECEDENCE:
+                return f"{self._operand(e.left, e.op, False)} {e.op} {self._operand(e.right, e.op, True)}"
+            return self.call(e.op, self.expr(e.left), self.expr(e.right))
+        if isinstance(e, S.Un):
+            return self.unary(e.fn, self.expr(e.arg), e.arg)
+        if isinstance(e, S.Select):
+            return self.select(self.index(e.cond), self.expr(e.then), self.expr(e.other))
+        raise TypeError(f"{type(self).__name__} cannot print {e!r}: lower reductions and "
+                        f"apply the layout first")
+
+    def _operand(self, child, op, right_side):
+        text = self.expr(child)
+        if isinstance(child, S.Bin) and child.op in PRECEDENCE:
+            mine, theirs = PRECEDENCE[op], PRECEDENCE[child.op]
+            if theirs < mine or (right_side and theirs == mine and op in "-/"):
+                return f"({text})"
+        if isinstance(child, S.Num) and child.value < 0:
+            return f"({text})"
+        return text
+
+    def unary(self, fn, arg, node) -> str:
+        one = self.number(1.0)
+        wrapped = arg if isinstance(node, (S.Load, S.Local, S.Param, S.Dim, S.Un)) else f"({arg})"
+        if fn == "neg":
+            return f"-{wrapped}"
+        if fn == "rsqrt":
+            return f"{one} / {self.call('sqrt', arg)}"
+        if fn == "silu":
+            return f"{wrapped} / ({one} + {self.call('exp', '-' + wrapped)})"
+        return self.call(fn, arg)
+
+    def load(self, array, offset) -> str:
+        raise NotImplementedError
+
+    def to_real(self, integer_text) -> str:
+        raise NotImplementedError
+
+    def number(self, value) -> str:
+        raise NotImplementedError
+
+    def call(self, fn, *args) -> str:
+        raise NotImplementedError
+
+    def select(self, cond, then, other) -> str:
+        raise NotImplementedError
+
+    # ---- shared helpers -----------------------------------------------------------------
+    def nest_comment(self, nest):
+        return [f"{nest.target}: from the DNF"] + nest.origin.splitlines()
+
+    def locals_in(self, stmts):
+        """The locals a block declares, in order of first appearance."""
+        return list(dict.fromkeys(s.name for s in walk(stmts) if isinstance(s, Let)))
+
+    def loop_vars_in(self, stmts):
+        return list(dict.fromkeys(s.var.name for s in walk(stmts) if isinstance(s, Loop)))

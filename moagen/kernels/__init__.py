@@ -1,0 +1,49 @@
+"""The kernel registry: each kernel is a MoA spec plus named variants, a variant being what
+it materializes and its schedule."""
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Tuple
+
+from moagen.errors import UnknownNameError
+from moagen.kernels import attention, rmsnorm
+from moagen.moa.spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    materialize: FrozenSet[str]
+    schedule: Tuple
+
+
+@dataclass(frozen=True)
+class Kernel:
+    spec: KernelSpec
+    variants: Dict[str, Variant]
+
+    @property
+    def name(self):
+        return self.spec.name
+
+    def variant(self, name=None) -> Variant:
+        """The named variant; the first one when name is None."""
+        if name is None:
+            return next(iter(self.variants.values()))
+        if name not in self.variants:
+            raise UnknownNameError(f"kernel {self.name} has no variant {name!r}; its variants: "
+                                   f"{', '.join(self.variants)}")
+        return self.variants[name]
+
+
+def _kernel(module) -> Kernel:
+    variants = {name: Variant(name, materialize, schedule)
+                for name, (materialize, schedule) in module.VARIANTS.items()}
+    return Kernel(module.SPEC, variants)
+
+
+KERNELS = {k.name: k for k in map(_kernel, (attention, rmsnorm))}
+
+
+def get_kernel(name: str) -> Kernel:
+    if name not in KERNELS:
+        raise UnknownNameError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}")
+    return KERNELS[name]

@@ -1,0 +1,358 @@
+"""The MoA expression IR: one frozen dataclass per node kind, over arrays with symbolic
+shapes (tuples of sympy expressions).
+
+A kernel is written once as an expression of these nodes. Python operators build
+elementwise nodes (`a + b`, `a * 2.0`, `-a`), with scalar extension for plain numbers and
+shape-() nodes. Nothing here computes shapes: that is moagen.moa.shape's job, so a malformed
+spec is reported with the path of the offending node.
+"""
+from dataclasses import dataclass, fields
+from numbers import Real
+from typing import Optional, Tuple
+
+import sympy
+
+from moagen.errors import SpecError
+
+Shape = Tuple[sympy.Expr, ...]
+
+BINARY_OPS = ("+", "-", "*", "/", "max", "min")
+UNARY_FNS = ("exp", "sqrt", "rsqrt", "silu", "neg")
+REDUCE_OPS = ("+", "max")
+
+
+def sym(name: str) -> sympy.Symbol:
+    """A size or index symbol. Every symbol moagen makes is an integer symbol, so that the
+    same name always denotes the same sympy Symbol."""
+    return sympy.Symbol(name, integer=True)
+
+
+def as_dim(value) -> sympy.Expr:
+    if isinstance(value, str):
+        return sym(value)
+    return sympy.sympify(value)
+
+
+class Expr:
+    """Base of every node. Children are the fields whose values are Exprs."""
+
+    def children(self):
+        return [(f.name, getattr(self, f.name)) for f in fields(self)
+                if isinstance(getattr(self, f.name), Expr)]
+
+    def __add__(self, other):
+        return BinOp("+", self, as_expr(other))
+
+    def __radd__(self, other):
+        return BinOp("+", as_expr(other), self)
+
+    def __sub__(self, other):
+        return BinOp("-", self, as_expr(other))
+
+    def __rsub__(self, other):
+        return BinOp("-", as_expr(other), self)
+
+    def __mul__(self, other):
+        return BinOp("*", self, as_expr(other))
+
+    def __rmul__(self, other):
+        return BinOp("*", as_expr(other), self)
+
+    def __truediv__(self, other):
+        return BinOp("/", self, as_expr(other))
+
+    def __rtruediv__(self, other):
+        return BinOp("/", as_expr(other), self)
+
+    def __neg__(self):
+        return Map("neg", self)
+
+
+def as_expr(value) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, Real):
+        return Const(float(value))
+    raise SpecError(f"cannot use {value!r} ({type(value).__name__}) in a MoA expression")
+
+
+@dataclass(frozen=True)
+class Array(Expr):
+    """A named input array."""
+    name: str
+    shape: Shape
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True)
+class Scalar(Expr):
+    """A named scalar parameter passed at call time (e.g. the softmax scale, eps)."""
+    name: str
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: float
+
+    def __str__(self):
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class Dim(Expr):
+    """A size used as a number, e.g. the d in mean = sum / d."""
+    value: sympy.Expr
+
+    def __str__(self):
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Psi(Expr):
+    """`index psi array`: a (possibly partial) index selects an element or a sub-array."""
+    index: Tuple[sympy.Expr, ...]
+    array: Expr
+
+
+@dataclass(frozen=True)
+class Take(Expr):
+    """The first `count` items along `axis`."""
+    count: sympy.Expr
+    array: Expr
+    axis: int = 0
+
+
+@dataclass(frozen=True)
+class Drop(Expr):
+    """All but the first `count` items along `axis`."""
+    count: sympy.Expr
+    array: Expr
+    axis: int = 0
+
+
+@dataclass(frozen=True)
+class Reverse(Expr):
+    array: Expr
+    axis: int = 0
+
+
+@dataclass(frozen=True)
+class Transpose(Expr):
+    """Axis k of the result is axis perm[k] of the array."""
+    perm: Tuple[int, ...]
+    array: Expr
+
+
+@dataclass(frozen=True)
+class Cat(Expr):
+    """Catenation along `axis`."""
+    left: Expr
+    right: Expr
+    axis: int = 0
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    """Elementwise binary operation; a shape-() operand is extended to the other's shape."""
+    op: str
+    left: Expr
+    right: Expr
+
+    def __post_init__(self):
+        _check_choice("binary operator", self.op, BINARY_OPS)
+
+
+@dataclass(frozen=True)
+class Map(Expr):
+    """Elementwise unary function."""
+    fn: str
+    arg: Expr
+
+    def __post_init__(self):
+        _check_choice("unary function", self.fn, UNARY_FNS)
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    """`op/` along `axis`. `var` names the reduction index, `name` the accumulator: both
+    only make the generated code readable."""
+    op: str
+    array: Expr
+    axis: int
+    var: str = "j"
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        _check_choice("reduction operator", self.op, REDUCE_OPS)
+
+
+@dataclass(frozen=True)
+class Inner(Expr):
+    """Inner product `left (add . mul) right` over left's last and right's first axis."""
+    add: str
+    mul: str
+    left: Expr
+    right: Expr
+    var: str = "k"
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        _check_choice("inner-product reduction", self.add, REDUCE_OPS)
+        _check_choice("inner-product operator", self.mul, BINARY_OPS)
+
+
+@dataclass(frozen=True)
+class Outer(Expr):
+    """Outer product: result[p ++ q] = left[p] op right[q]."""
+    op: str
+    left: Expr
+    right: Expr
+
+    def __post_init__(self):
+        _check_choice("outer-product operator", self.op, BINARY_OPS)
+
+
+@dataclass(frozen=True)
+class Omega(Expr):
+    """The rank-lifted binary op: `cell` has the shape of `array`'s leading axes (a per-row
+    quantity such as a row maximum) and is combined with every item below it:
+    <p q> psi result = (<p q> psi array) op (<p> psi cell)."""
+    op: str
+    array: Expr
+    cell: Expr
+
+    def __post_init__(self):
+        _check_choice("lifted operator", self.op, BINARY_OPS)
+
+
+@dataclass(frozen=True)
+class Lift(Expr):
+    """An array defined by its psi function over leading axes: <p ++ q> psi Lift(vars,
+    extents, body) = q psi body[vars := p]. This is how batch and head axes are written:
+    the body is the per-(b, h) computation and refers to `Psi((b, h), Q)`."""
+    vars: Tuple[str, ...]
+    extents: Shape
+    body: Expr
+
+    def __post_init__(self):
+        if len(self.vars) != len(self.extents):
+            raise SpecError(f"Lift: {len(self.vars)} index names for {len(self.extents)} extents")
+
+
+@dataclass(frozen=True)
+class Named(Expr):
+    """A named intermediate. Variants that materialize it (the standard implementation
+    writes the score matrix) store it in a full-size temporary; all other variants see
+    through it. `index` names the temporary's own axes in the generated code."""
+    label: str
+    value: Expr
+    index: Tuple[str, ...] = ("i", "j", "k", "l")
+
+
+def _check_choice(what, value, choices):
+    if value not in choices:
+        raise SpecError(f"unknown {what} {value!r}; expected one of {', '.join(choices)}")
+
+
+# ---- the DSL: small constructors that read like the math -------------------------------
+
+def array(name: str, *shape) -> Array:
+    return Array(name, tuple(as_dim(s) for s in shape))
+
+
+def dim(value) -> Dim:
+    return Dim(as_dim(value))
+
+
+def psi(index, a) -> Psi:
+    return Psi(tuple(as_dim(i) for i in index), as_expr(a))
+
+
+def take(count, a, axis=0) -> Take:
+    return Take(as_dim(count), a, axis)
+
+
+def drop(count, a, axis=0) -> Drop:
+    return Drop(as_dim(count), a, axis)
+
+
+def transpose(a, perm=(1, 0)) -> Transpose:
+    return Transpose(tuple(perm), a)
+
+
+def inner(left, right, add="+", mul="*", var="k", name=None) -> Inner:
+    return Inner(add, mul, left, right, var, name)
+
+
+def outer(op, left, right) -> Outer:
+    return Outer(op, left, right)
+
+
+def reduce(op, a, axis, var="j", name=None) -> Reduce:
+    return Reduce(op, a, axis, var, name)
+
+
+def omega(op, a, cell) -> Omega:
+    return Omega(op, a, as_expr(cell))
+
+
+def lift(vars, extents, body) -> Lift:
+    return Lift(tuple(vars), tuple(as_dim(e) for e in extents), body)
+
+
+def named(label, value, index=("i", "j", "k", "l")) -> Named:
+    return Named(label, value, tuple(index))
+
+
+def exp(a):
+    return Map("exp", as_expr(a))
+
+
+def sqrt(a):
+    return Map("sqrt", as_expr(a))
+
+
+def rsqrt(a):
+    return Map("rsqrt", as_expr(a))
+
+
+def silu(a):
+    return Map("silu", as_expr(a))
+
+
+def maximum(a, b):
+    return BinOp("max", as_expr(a), as_expr(b))
+
+
+def describe(node: Expr) -> str:
+    """One line naming a node without its children, for dumps and error messages."""
+    if isinstance(node, (Array, Scalar, Const, Dim)):
+        return f"{type(node).__name__} {node}"
+    if isinstance(node, Psi):
+        return f"Psi <{' '.join(map(str, node.index))}>"
+    if isinstance(node, (Take, Drop)):
+        return f"{type(node).__name__} {node.count} axis={node.axis}"
+    if isinstance(node, Reverse):
+        return f"Reverse axis={node.axis}"
+    if isinstance(node, Transpose):
+        return f"Transpose {node.perm}"
+    if isinstance(node, Cat):
+        return f"Cat axis={node.axis}"
+    if isinstance(node, (BinOp, Outer, Omega)):
+        return f"{type(node).__name__}({node.op})"
+    if isinstance(node, Map):
+        return f"Map({node.fn})"
+    if isinstance(node, Reduce):
+        return f"Reduce({node.op}) axis={node.axis} over {node.var}"
+    if isinstance(node, Inner):
+        return f"Inner({node.add}.{node.mul}) over {node.var}"
+    if isinstance(node, Lift):
+        return f"Lift <{' '.join(node.vars)}>"
+    if isinstance(node, Named):
+        return f"Named {node.label}"
+    raise SpecError(f"not a MoA node: {node!r}")

@@ -1,0 +1,169 @@
+"""Scalar expressions: what psi-reduction produces (the right-hand side of a DNF) and what
+the ONF's statements compute. Index arithmetic is sympy; everything else is a node here.
+
+`Access` is psi with a full index applied to a named array; after the layout step (gamma)
+it becomes `Load` with a flat offset. `Local` is a scalar the ONF introduced (a hoisted
+value or an accumulator).
+"""
+from dataclasses import dataclass, fields, replace
+from typing import Tuple
+
+import sympy
+
+
+class ScalarExpr:
+    pass
+
+
+@dataclass(frozen=True)
+class Access(ScalarExpr):
+    array: str
+    index: Tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Load(ScalarExpr):
+    array: str
+    offset: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Num(ScalarExpr):
+    value: float
+
+
+@dataclass(frozen=True)
+class Dim(ScalarExpr):
+    """An integer size expression used as a number."""
+    value: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Param(ScalarExpr):
+    """A scalar argument of the kernel."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Local(ScalarExpr):
+    name: str
+
+
+@dataclass(frozen=True)
+class Bin(ScalarExpr):
+    op: str  # one of moagen.moa.expr.BINARY_OPS
+    left: ScalarExpr
+    right: ScalarExpr
+
+
+@dataclass(frozen=True)
+class Un(ScalarExpr):
+    fn: str  # one of moagen.moa.expr.UNARY_FNS
+    arg: ScalarExpr
+
+
+@dataclass(frozen=True)
+class Select(ScalarExpr):
+    """`then` where the index condition holds, else `other` (catenation)."""
+    cond: sympy.Basic
+    then: ScalarExpr
+    other: ScalarExpr
+
+
+@dataclass(frozen=True)
+class Reduction(ScalarExpr):
+    """op over var in [0, extent) of body. `name` is the accumulator's name in code."""
+    op: str  # "+" or "max"
+    var: sympy.Symbol
+    extent: sympy.Expr
+    body: ScalarExpr
+    name: str
+
+
+IDENTITY = {"+": 0.0, "max": float("-inf")}
+LEAVES = (Access, Load, Num, Dim, Param, Local)
+
+
+def children(e: ScalarExpr):
+    return [getattr(e, f.name) for f in fields(e) if isinstance(getattr(e, f.name), ScalarExpr)]
+
+
+def map_children(e: ScalarExpr, fn) -> ScalarExpr:
+    """A copy of e with fn applied to each direct child."""
+    changes = {f.name: fn(getattr(e, f.name)) for f in fields(e)
+               if isinstance(getattr(e, f.name), ScalarExpr)}
+    return replace(e, **changes) if changes else e
+
+
+def index_exprs(e: ScalarExpr):
+    """The sympy expressions a node holds itself (not its children's)."""
+    if isinstance(e, Access):
+        return e.index
+    if isinstance(e, Load):
+        return (e.offset,)
+    if isinstance(e, Select):
+        return (e.cond,)
+    if isinstance(e, Reduction):
+        return (e.extent,)
+    if isinstance(e, Dim):
+        return (e.value,)
+    return ()
+
+
+def free_names(e: ScalarExpr) -> frozenset:
+    """Index symbols, locals and arrays (as '@name') that e depends on."""
+    names = {s.name for x in index_exprs(e) for s in x.free_symbols}
+    if isinstance(e, Local):
+        names.add(e.name)
+    if isinstance(e, (Access, Load)):
+        names.add("@" + e.array)
+    for c in children(e):
+        inner = free_names(c)
+        if isinstance(e, Reduction):
+            inner = inner - {e.var.name}
+        names |= inner
+    return frozenset(names)
+
+
+def subs(e: ScalarExpr, mapping: dict) -> ScalarExpr:
+    """Substitute index symbols (sympy Symbol -> expression) everywhere in e."""
+    if not mapping:
+        return e
+    if isinstance(e, Access):
+        return Access(e.array, tuple(sympy.sympify(i).xreplace(mapping) for i in e.index))
+    if isinstance(e, Load):
+        return Load(e.array, e.offset.xreplace(mapping))
+    if isinstance(e, Select):
+        return Select(e.cond.xreplace(mapping), subs(e.then, mapping), subs(e.other, mapping))
+    if isinstance(e, Dim):
+        return Dim(e.value.xreplace(mapping))
+    if isinstance(e, Reduction):
+        inner = {k: v for k, v in mapping.items() if k != e.var}
+        return Reduction(e.op, e.var, e.extent.xreplace(mapping), subs(e.body, inner), e.name)
+    return map_children(e, lambda c: subs(c, mapping))
+
+
+def rename_locals(e: ScalarExpr, mapping: dict) -> ScalarExpr:
+    if isinstance(e, Local):
+        return Local(mapping.get(e.name, e.name))
+    return map_children(e, lambda c: rename_locals(c, mapping))
+
+
+def alpha_key(e: ScalarExpr):
+    """A key equal for expressions that differ only in bound variable and accumulator
+    names: `max_j2 S(j2)` and `max_j4 S(j4)` are the same value."""
+    counter = [0]
+
+    def canon(x):
+        if isinstance(x, Reduction):
+            bound = sympy.Symbol(f"_bound{counter[0]}")
+            counter[0] += 1
+            body = canon(subs(x.body, {x.var: bound}))
+            return Reduction(x.op, bound, x.extent, body, "")
+        return map_children(x, canon)
+
+    return canon(e)
+
+
+def contains(e: ScalarExpr, kind) -> bool:
+    return isinstance(e, kind) or any(contains(c, kind) for c in children(e))

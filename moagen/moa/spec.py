@@ -1,0 +1,76 @@
+"""A kernel specification: named inputs, scalar parameters and outputs, each output a MoA
+expression with the names of its index axes (which become loop variables)."""
+from dataclasses import dataclass
+from typing import Tuple
+
+import sympy
+
+from moagen.errors import SpecError
+from moagen.moa import expr as E
+from moagen.moa.shape import check, fmt_shape, same_shape
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    value: E.Expr
+    index: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    inputs: Tuple[E.Array, ...]
+    scalars: Tuple[str, ...]
+    outputs: Tuple[Output, ...]
+
+    @property
+    def sizes(self) -> Tuple[sympy.Symbol, ...]:
+        """The size symbols in order of first appearance in the inputs' shapes: the order
+        of the integer arguments in every language."""
+        seen = []
+        for a in self.inputs:
+            for dim in a.shape:
+                for s in sorted(dim.free_symbols, key=lambda s: s.name):
+                    if s not in seen:
+                        seen.append(s)
+        return tuple(seen)
+
+    def output_shapes(self):
+        return {o.name: check(o.value, f"{self.name}.{o.name}") for o in self.outputs}
+
+    def validate(self):
+        """Check the whole spec: shapes, names, and that every array and scalar the outputs
+        use is declared. Raises SpecError / ShapeError."""
+        names = [a.name for a in self.inputs] + list(self.scalars) + [o.name for o in self.outputs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SpecError(f"{self.name}: names used twice: {', '.join(dupes)}")
+        declared = {a.name: a for a in self.inputs}
+        sizes = set(self.sizes)
+        for out, shape in self.output_shapes().items():
+            o = next(o for o in self.outputs if o.name == out)
+            if len(o.index) != len(shape):
+                raise SpecError(f"{self.name}.{out}: {len(o.index)} index names for an output "
+                                f"of shape {fmt_shape(shape)}")
+            unknown = {s for d in shape for s in d.free_symbols} - sizes
+            if unknown:
+                raise SpecError(f"{self.name}.{out}: output shape {fmt_shape(shape)} uses sizes "
+                                f"{sorted(map(str, unknown))} that no input determines")
+            for node in _walk(o.value):
+                if isinstance(node, E.Array):
+                    ref = declared.get(node.name)
+                    if ref is None:
+                        raise SpecError(f"{self.name}.{out}: array {node.name} is not an input")
+                    if not same_shape(ref.shape, node.shape):
+                        raise SpecError(f"{self.name}.{out}: array {node.name} used with shape "
+                                        f"{fmt_shape(node.shape)}, declared {fmt_shape(ref.shape)}")
+                if isinstance(node, E.Scalar) and node.name not in self.scalars:
+                    raise SpecError(f"{self.name}.{out}: scalar {node.name} is not declared")
+        return self
+
+
+def _walk(node):
+    yield node
+    for _, child in node.children():
+        yield from _walk(child)

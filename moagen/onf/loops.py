@@ -1,0 +1,163 @@
+"""The loop-nest IR of the Operational Normal Form.
+
+An ONF is a list of nests, one per DNF definition, each a tree of statements:
+`Loop` (with an optional parallel mark), `Let` (a new local scalar), `Update` (a local
+accumulated in place), `Store` (an array element written or accumulated). Expressions are
+moagen.moa.scalar nodes. Schedule transformations map one ONF to another.
+"""
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+import sympy
+
+from moagen.moa import scalar as S
+from moagen.moa.dnf import format_scalar
+from moagen.moa.shape import fmt_shape
+
+
+class idiv(sympy.Function):
+    """Integer division of non-negative operands, (a + b - 1) // b style tile counts.
+    Printed as plain integer division in every language."""
+    nargs = 2
+
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class Loop(Stmt):
+    var: sympy.Symbol
+    start: sympy.Expr
+    stop: sympy.Expr
+    body: Tuple[Stmt, ...]
+    parallel: int = 0  # >0: this loop and the (parallel - 1) loops nested in it run in parallel
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    name: str
+    value: S.ScalarExpr
+
+
+@dataclass(frozen=True)
+class Update(Stmt):
+    name: str
+    op: str  # "+" or "max"
+    value: S.ScalarExpr
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    array: str
+    index: Tuple[sympy.Expr, ...]  # a multi-index until the layout step, then (offset,)
+    value: S.ScalarExpr
+    accumulate: Optional[str] = None  # None: plain store; "+" / "max": accumulate
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: Tuple[sympy.Expr, ...]
+
+
+@dataclass(frozen=True)
+class Nest:
+    target: str  # the array the nest defines
+    body: Tuple[Stmt, ...]
+    origin: str  # the DNF line it came from, printed as a comment above the nest
+
+
+@dataclass(frozen=True)
+class ONF:
+    name: str
+    variant: str
+    inputs: Tuple[Buffer, ...]
+    outputs: Tuple[Buffer, ...]
+    temps: Tuple[Buffer, ...]
+    sizes: Tuple[sympy.Symbol, ...]
+    scalars: Tuple[str, ...]
+    nests: Tuple[Nest, ...]
+    layout: str = "row"
+    schedule: Tuple[str, ...] = ()  # the transformations applied, for the dump
+    flat: bool = False  # True once the layout step turned every index into an offset
+
+    def with_nests(self, nests, step=None):
+        schedule = self.schedule + ((step,) if step else ())
+        return replace(self, nests=tuple(nests), schedule=schedule)
+
+
+# ---- generic walks -------------------------------------------------------------------
+
+def stmt_exprs(s: Stmt):
+    if isinstance(s, (Let, Update, Store)):
+        return (s.value,)
+    return ()
+
+
+def map_stmt_exprs(s: Stmt, fn) -> Stmt:
+    """A copy of s (recursively) with fn applied to every expression it holds."""
+    if isinstance(s, Loop):
+        return replace(s, body=tuple(map_stmt_exprs(b, fn) for b in s.body))
+    return replace(s, value=fn(s.value))
+
+
+def walk(stmts):
+    """Every statement, depth first, loops before their bodies."""
+    for s in stmts:
+        yield s
+        if isinstance(s, Loop):
+            yield from walk(s.body)
+
+
+def defined_names(stmts) -> frozenset:
+    """Locals introduced (Let) or modified (Update), and loop variables, anywhere in stmts."""
+    names = set()
+    for s in walk(stmts):
+        if isinstance(s, (Let, Update)):
+            names.add(s.name)
+        elif isinstance(s, Loop):
+            names.add(s.var.name)
+        elif isinstance(s, Store):
+            names.add("@" + s.array)
+    return frozenset(names)
+
+
+def local_names(onf: ONF) -> frozenset:
+    return frozenset(s.name for n in onf.nests for s in walk(n.body) if isinstance(s, Let))
+
+
+# ---- the `onf` stage dump -----------------------------------------------------------
+
+def format_onf(onf: ONF) -> str:
+    buffers = lambda bs: ", ".join(f"{b.name}{fmt_shape(b.shape)}" for b in bs) or "(none)"
+    lines = [f"kernel {onf.name}, variant {onf.variant}, layout {onf.layout}-major",
+             f"  inputs:   {buffers(onf.inputs)}",
+             f"  outputs:  {buffers(onf.outputs)}",
+             f"  temps:    {buffers(onf.temps)}",
+             f"  scalars:  {', '.join(onf.scalars) or '(none)'}",
+             f"  schedule: {'; '.join(onf.schedule) or '(none)'}"]
+    for nest in onf.nests:
+        lines += ["", f"nest {nest.target}: from {nest.origin}"]
+        lines += _format_block(nest.body, 1)
+    return "\n".join(lines) + "\n"
+
+
+def _format_block(stmts, depth):
+    pad = "  " * depth
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            mark = f"parallel({s.parallel}) " if s.parallel else ""
+            out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
+            out += _format_block(s.body, depth + 1)
+        elif isinstance(s, Let):
+            out.append(f"{pad}let {s.name} = {format_scalar(s.value, indent=len(pad))}")
+        elif isinstance(s, Update):
+            op = "+=" if s.op == "+" else f"{s.op}="
+            out.append(f"{pad}{s.name} {op} {format_scalar(s.value, indent=len(pad))}")
+        elif isinstance(s, Store):
+            op = {None: "=", "+": "+="}.get(s.accumulate, f"{s.accumulate}=")
+            out.append(f"{pad}{s.array}[{', '.join(map(str, s.index))}] {op} "
+                       f"{format_scalar(s.value, indent=len(pad))}")
+    return out

@@ -1,0 +1,30 @@
+"""Fresh names for locals and loop variables. Integer loop variables and floating-point
+locals must never share a name anywhere in a kernel (Fortran declares them once, at the
+top), and neither may shadow an array, size or scalar."""
+import re
+
+
+class Names:
+    """reserved: every name in use. fixed: the kernel's arrays, sizes and scalars. locals:
+    the floating-point locals (loop variables must avoid them, even in other loops)."""
+
+    def __init__(self, reserved, fixed=frozenset(), locals=frozenset()):
+        self.reserved = set(reserved)
+        self.fixed = frozenset(fixed)
+        self.locals = set(locals)
+
+    def new(self, hint: str, visible=()) -> str:
+        """hint, or hint2, hint3, ...: the first not reserved and not in `visible`."""
+        name, k = hint, 2
+        while name in self.reserved or name in visible:
+            name, k = f"{hint}{k}", k + 1
+        return name
+
+    def claim(self, name: str) -> str:
+        self.reserved.add(name)
+        return name
+
+
+def base_name(name: str) -> str:
+    """The role a generated name was derived from: j2 -> j, c3 -> c."""
+    return re.sub(r"\d+$", "", name) or name

@@ -1,0 +1,303 @@
+"""Schedule transformations: named, composable functions from one ONF to the next.
+
+A variant's schedule is a tuple of these, applied in order. Each checks its precondition
+and raises ScheduleError when it cannot be honoured; none changes the value computed
+(tests check each against the untransformed ONF).
+"""
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names, idiv,
+                              map_stmt_exprs, walk)
+from moagen.onf.names import Names, base_name
+
+
+def kernel_names(onf: ONF) -> Names:
+    """The names in use in a kernel, for choosing new ones."""
+    fixed = ({b.name for b in onf.inputs + onf.outputs + onf.temps}
+             | {s.name for s in onf.sizes} | set(onf.scalars))
+    locals_, used = set(), set(fixed)
+    for nest in onf.nests:
+        for s in walk(nest.body):
+            if isinstance(s, Loop):
+                used.add(s.var.name)
+            if isinstance(s, (Let, Update)):
+                locals_.add(s.name)
+            for e in _exprs(s):
+                used |= {x.var.name for x in _subexprs(e) if isinstance(x, S.Reduction)}
+    return Names(used | locals_, fixed, locals_)
+
+
+def _exprs(s):
+    return (s.value,) if isinstance(s, (Let, Update, Store)) else ()
+
+
+def _subexprs(e):
+    yield e
+    for c in S.children(e):
+        yield from _subexprs(c)
+
+
+class Transform:
+    """Base: apply `nest_fn` to the selected nests (all when `nest` is None)."""
+    nest: Optional[str] = None
+
+    def __call__(self, onf: ONF) -> ONF:
+        chosen = [n for n in onf.nests if self.nest is None or n.target == self.nest]
+        if not chosen:
+            raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest!r}; it has "
+                                f"{', '.join(n.target for n in onf.nests)}")
+        names = kernel_names(onf)
+        nests = [replace(n, body=self.nest_fn(n, names)) if n in chosen else n for n in onf.nests]
+        return onf.with_nests(nests, str(self))
+
+    def nest_fn(self, nest: Nest, names: Names):
+        raise NotImplementedError
+
+    def _on(self):
+        return f", nest={self.nest}" if self.nest else ""
+
+
+# ---- accumulate: move a reduction loop outside an output loop --------------------------
+
+@dataclass(frozen=True)
+class Accumulate(Transform):
+    """`for c: out[.., c] = op_j body(j, c)` becomes
+    `for c: out[.., c] = identity;  for j: for c: out[.., c] op= body(j, c)`,
+    so that whatever in body depends on j but not on c can be computed once per j."""
+    loop: str
+    over: str
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"accumulate({self.loop}, over={self.over}{self._on()})"
+
+    def nest_fn(self, nest, names):
+        done = []
+        body = _rewrite_loops(nest.body, self.loop,
+                              lambda lp, scope: self._interchange(lp, scope, names, done))
+        if not done:
+            raise ScheduleError(f"{self}: nest {nest.target} has no loop {self.loop} whose body is "
+                                f"a single store of a reduction over {self.over}")
+        return body
+
+    def _interchange(self, loop, scope, names, done):
+        if len(loop.body) != 1 or not isinstance(loop.body[0], Store):
+            return None
+        store = loop.body[0]
+        red = store.value
+        if (store.accumulate or not isinstance(red, S.Reduction)
+                or base_name(red.var.name) != self.over):
+            return None
+        if loop.var in red.extent.free_symbols:
+            raise ScheduleError(f"{self}: the extent {red.extent} of {red.var} depends on "
+                                f"{loop.var}")
+        # the role's own name: only enclosing loops and locals can clash with it
+        var = sympy.Symbol(Names(scope | names.fixed | names.locals).new(self.over), integer=True)
+        init = replace(loop, body=(replace(store, value=S.Num(S.IDENTITY[red.op])),))
+        update = replace(store, value=S.subs(red.body, {red.var: var}), accumulate=red.op)
+        done.append(loop)
+        return (init, Loop(var, sympy.Integer(0), red.extent, (replace(loop, body=(update,)),)))
+
+
+def _rewrite_loops(stmts, var_name, fn, scope=frozenset()):
+    """Replace each loop over var_name for which fn(loop, enclosing loop variables) returns
+    statements (not None)."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            new = fn(s, scope) if s.var.name == var_name else None
+            if new is not None:
+                out += new
+                continue
+            s = replace(s, body=_rewrite_loops(s.body, var_name, fn, scope | {s.var.name}))
+        out.append(s)
+    return tuple(out)
+
+
+# ---- hoist: loop-invariant code motion, reductions included, with CSE ------------------
+
+@dataclass(frozen=True)
+class Hoist(Transform):
+    """Compute every loop-invariant value once, just before the loop it does not depend on:
+    a row's max and sum leave the loops over columns and keys, and values that appear twice
+    (the row max inside the row sum and inside each probability) are computed once."""
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"hoist({self.nest or ''})"
+
+    def nest_fn(self, nest, names):
+        return _hoist_block(nest.body, names)
+
+
+def _hoist_block(stmts, names):
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            pre, body = _hoist_out_of_loop(_hoist_block(s.body, names), s.var.name, names)
+            out += pre
+            out.append(replace(s, body=body))
+        else:
+            pre = []
+            stmt = map_stmt_exprs(s, lambda e: _extract(e, frozenset(), False, pre, names))
+            out += pre + [stmt]
+    return _cse(out)
+
+
+def _hoist_out_of_loop(body, var, names):
+    updated = {s.name for s in walk(body) if isinstance(s, Update)}
+    variant = {var} | updated | {"@" + s.array for s in walk(body) if isinstance(s, Store)}
+    pre, kept = [], []
+    for s in body:
+        if (isinstance(s, Let) and s.name not in updated
+                and not S.free_names(s.value) & variant):
+            pre.append(s)
+            continue
+        inner = frozenset(variant | defined_names([s]))
+        kept.append(map_stmt_exprs(s, lambda e: _extract(e, inner, True, pre, names)))
+        if isinstance(s, Let):
+            variant.add(s.name)
+    return pre, tuple(kept)
+
+
+def _extract(e, variant, may_extract, pre, names):
+    """Replace each maximal subexpression of e that depends on nothing in `variant` by a new
+    local, defined in `pre`. At statement level (may_extract False) only subexpressions
+    inside a reduction qualify: the statement itself stays where it is."""
+    if may_extract and not isinstance(e, S.LEAVES) and not S.free_names(e) & variant:
+        value = _extract(e, frozenset(), False, pre, names)
+        name = names.claim(names.new(e.name if isinstance(e, S.Reduction) else "t"))
+        names.locals.add(name)
+        pre.append(Let(name, value))
+        return S.Local(name)
+    if isinstance(e, S.Reduction):
+        body = _extract(e.body, variant | {e.var.name}, True, pre, names)
+        return replace(e, body=body)
+    return S.map_children(e, lambda c: _extract(c, variant, may_extract, pre, names))
+
+
+def _cse(block):
+    """Drop a Let whose value equals an earlier Let's in the same block; use the first."""
+    updated = {s.name for s in walk(block) if isinstance(s, Update)}
+    seen, rename, out = {}, {}, []
+    for s in block:
+        if rename:
+            s = map_stmt_exprs(s, lambda e: S.rename_locals(e, rename))
+        if isinstance(s, Let) and s.name not in updated:
+            key = S.alpha_key(s.value)
+            if key in seen:
+                rename[s.name] = seen[key]
+                continue
+            seen[key] = s.name
+        out.append(s)
+    return tuple(out)
+
+
+# ---- split, reorder, parallel ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Split(Transform):
+    """Dimension lifting: `for i in [0, n)` becomes
+    `for i_blk in [0, ceil(n/T)): for i in [i_blk*T, min(n, i_blk*T + T))`."""
+    var: str
+    tile: int
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"split({self.var}, {self.tile}{self._on()})"
+
+    def nest_fn(self, nest, names):
+        if self.tile < 1:
+            raise ScheduleError(f"{self}: the tile size must be at least 1")
+        done = []
+
+        def split(loop, scope):
+            if loop.start != 0:
+                raise ScheduleError(f"{self}: loop {loop.var} does not start at 0")
+            blk = sympy.Symbol(names.claim(names.new(f"{self.var}_blk")), integer=True)
+            lo = blk * self.tile
+            inner = replace(loop, start=lo, stop=sympy.Min(loop.stop, lo + self.tile), parallel=0)
+            done.append(loop)
+            return (Loop(blk, sympy.Integer(0), idiv(loop.stop + self.tile - 1, self.tile), (inner,),
+                         loop.parallel),)
+
+        body = _rewrite_loops(nest.body, self.var, split)
+        if not done:
+            raise ScheduleError(f"{self}: nest {nest.target} has no loop {self.var}")
+        return body
+
+
+def _perfect_chain(stmts, count):
+    """The first `count` loops of a perfectly nested chain starting at stmts, or None."""
+    chain = []
+    while len(chain) < count and len(stmts) == 1 and isinstance(stmts[0], Loop):
+        chain.append(stmts[0])
+        stmts = stmts[0].body
+    return chain if len(chain) == count else None
+
+
+@dataclass(frozen=True)
+class Reorder(Transform):
+    """Permute the outermost perfectly nested loops of a nest into the given order."""
+    order: Tuple[str, ...]
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"reorder({', '.join(self.order)}{self._on()})"
+
+    def nest_fn(self, nest, names):
+        chain = _perfect_chain(nest.body, len(self.order))
+        have = [lp.var.name for lp in chain] if chain else []
+        if sorted(have) != sorted(self.order):
+            raise ScheduleError(f"{self}: the outermost perfectly nested loops of nest "
+                                f"{nest.target} are not {', '.join(sorted(self.order))}")
+        by_name = {lp.var.name: lp for lp in chain}
+        body = chain[-1].body
+        for pos, name in reversed(list(enumerate(self.order))):
+            loop = by_name[name]
+            outer = {by_name[o].var for o in self.order[pos + 1:]}
+            if (loop.start.free_symbols | loop.stop.free_symbols) & outer:
+                raise ScheduleError(f"{self}: the bounds of {name} depend on a loop that "
+                                    f"would be inside it")
+            body = (replace(loop, body=body, parallel=0),)
+        return body
+
+
+@dataclass(frozen=True)
+class Parallel(Transform):
+    """Run the outermost perfectly nested loops `vars` in parallel (an OpenMP `collapse`
+    on the CPU, one GPU thread per iteration in CUDA). Legal only when every store inside
+    is indexed by all of them and no local defined outside them is updated inside."""
+    vars: Tuple[str, ...]
+    nest: Optional[str] = None
+
+    def __str__(self):
+        return f"parallel({', '.join(self.vars)}{self._on()})"
+
+    def nest_fn(self, nest, names):
+        chain = _perfect_chain(nest.body, len(self.vars))
+        if not chain or [lp.var.name for lp in chain] != list(self.vars):
+            raise ScheduleError(f"{self}: nest {nest.target} does not start with the perfectly "
+                                f"nested loops {', '.join(self.vars)}")
+        chain_vars = {lp.var for lp in chain}
+        for lp in chain:
+            if (lp.start.free_symbols | lp.stop.free_symbols) & chain_vars:
+                raise ScheduleError(f"{self}: the bounds of {lp.var} depend on another parallel "
+                                    f"loop; the parallel iteration space must be rectangular")
+        inner = chain[-1].body
+        lets = {s.name for s in walk(inner) if isinstance(s, Let)}
+        for s in walk(inner):
+            if isinstance(s, Store):
+                used = set().union(*(sympy.sympify(i).free_symbols for i in s.index))
+                missing = [lp.var.name for lp in chain if lp.var not in used]
+                if missing:
+                    raise ScheduleError(f"{self}: store to {s.array} is not indexed by "
+                                        f"{', '.join(missing)}: parallel iterations would race")
+            if isinstance(s, Update) and s.name not in lets:
+                raise ScheduleError(f"{self}: {s.name} is shared by parallel iterations")
+        return (replace(chain[0], parallel=len(chain)),)

@@ -1,0 +1,49 @@
+"""The one kernel ABI: every generated kernel, in every language, is a plain function over
+raw arrays plus integer sizes plus scalar parameters, in this order:
+
+    arrays (inputs, outputs, then scratch), sizes (int64), scalars (the kernel's float type)
+
+Kernels return nothing and never allocate: scratch arrays (the full-size temporaries of a
+variant that materializes them) are allocated by the Python caller and passed in, so an
+allocation failure is a Python MemoryError, never a crash inside native code.
+
+A Signature is derived from the ONF by the generator; the printers print it, the loaders
+check calls against it.
+"""
+from dataclasses import dataclass
+from typing import Tuple
+
+import sympy
+
+DTYPES = ("float64", "float32")
+DTYPE_SUFFIX = {"float64": "f64", "float32": "f32"}
+LAYOUTS = ("row", "col")
+
+
+@dataclass(frozen=True)
+class ArrayParam:
+    name: str
+    shape: Tuple[sympy.Expr, ...]  # symbolic, in terms of the size symbols
+    intent: str  # "in", "out" or "scratch"
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str  # the exported symbol, e.g. "attention_fwd_dnf_f64"
+    arrays: Tuple[ArrayParam, ...]
+    sizes: Tuple[sympy.Symbol, ...]
+    scalars: Tuple[str, ...]
+    dtype: str  # one of DTYPES
+    layout: str = "row"  # "row" (C order) or "col" (Fortran order), one of LAYOUTS
+
+    @property
+    def inputs(self):
+        return tuple(a for a in self.arrays if a.intent == "in")
+
+    @property
+    def outputs(self):
+        return tuple(a for a in self.arrays if a.intent == "out")
+
+    @property
+    def scratch(self):
+        return tuple(a for a in self.arrays if a.intent == "scratch")

@@ -1,0 +1,87 @@
+import types
+
+import pytest
+import sympy
+
+from moagen.onf.signature import ArrayParam, Signature
+
+# A tiny kernel written by the generator's conventions, Y[i, j] = alpha * s[i] * X[i, j],
+# in both dtypes per source; REAL and SFX are filled in per dtype.
+_C = """
+void scale_rows_SFX(const REAL *restrict X, const REAL *restrict s, REAL *restrict Y,
+                    int64_t m, int64_t n, REAL alpha)
+{
+    #pragma omp parallel for
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            Y[i * n + j] = alpha * s[i] * X[i * n + j];
+}
+"""
+_FORTRAN = """
+  subroutine scale_rows_SFX(X, s, Y, m, n, alpha) bind(C, name="scale_rows_SFX")
+    integer(c_int64_t), value, intent(in) :: m, n
+    real(REAL), value, intent(in) :: alpha
+    real(REAL), intent(in) :: X(0:m*n - 1), s(0:m - 1)
+    real(REAL), intent(out) :: Y(0:m*n - 1)
+    integer(c_int64_t) :: i, j
+    !$omp parallel do private(j)
+    do i = 0, m - 1
+      do j = 0, n - 1
+        Y(i*n + j) = (alpha * s(i)) * X(i*n + j)
+      end do
+    end do
+  end subroutine scale_rows_SFX
+"""
+_CUDA_LAUNCHER = """
+extern "C" int scale_rows_SFX(const REAL *X, const REAL *s, REAL *Y, int64_t m, int64_t n, REAL alpha)
+{
+    scale_rows_kernel<<<(unsigned)((m * n + 255) / 256), 256>>>(X, s, Y, m, n, alpha);
+    return (int)cudaGetLastError();
+}
+"""
+_CUDA_KERNEL = """
+template <typename T>
+__global__ void scale_rows_kernel(const T *__restrict__ X, const T *__restrict__ s, T *__restrict__ Y,
+                                  int64_t m, int64_t n, T alpha)
+{
+    int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (k < m * n)
+        Y[k] = alpha * s[k / n] * X[k];
+}
+"""
+
+
+def _both(template, f64, f32):
+    return "".join(template.replace("REAL", real).replace("SFX", sfx)
+                   for real, sfx in ((f64, "f64"), (f32, "f32")))
+
+
+SOURCES = {
+    "c": "#include <stdint.h>\n" + _both(_C, "double", "float"),
+    "fortran": ("module moagen_scale_rows\n  use iso_c_binding\n  implicit none\ncontains"
+                + _both(_FORTRAN, "c_double", "c_float") + "end module moagen_scale_rows\n"),
+    "cuda": "#include <stdint.h>\n" + _CUDA_KERNEL + _both(_CUDA_LAUNCHER, "double", "float"),
+}
+
+
+def signature(dtype="float64", layout="row"):
+    m, n = sympy.symbols("m n", integer=True, positive=True)
+    return Signature(
+        name="scale_rows_" + {"float64": "f64", "float32": "f32"}[dtype],
+        arrays=(ArrayParam("X", (m, n), "in"), ArrayParam("s", (m,), "in"), ArrayParam("Y", (m, n), "out")),
+        sizes=(m, n), scalars=("alpha",), dtype=dtype, layout=layout)
+
+
+@pytest.fixture(scope="session")
+def scale_rows():
+    """The scale_rows kernel: .sources by language, .signature(dtype, layout)."""
+    return types.SimpleNamespace(sources=SOURCES, signature=signature)
+
+
+@pytest.fixture(scope="session")
+def session_build_dir(tmp_path_factory):
+    """A build directory shared by the tests that load kernels, so each builds once."""
+    path = tmp_path_factory.mktemp("build")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MOAGEN_BUILD_DIR", str(path))
+        yield path

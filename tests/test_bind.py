@@ -1,0 +1,189 @@
+import numpy as np
+import pytest
+import sympy
+
+from moagen.bind import bind, load_library
+from moagen.bind.abi import KernelCallable
+from moagen.errors import DeviceUnavailable, UnknownNameError
+from moagen.onf.signature import ArrayParam, Signature
+
+M, N = 5, 7
+
+
+def _inputs(dtype, order="C"):
+    rng = np.random.default_rng(0)
+    return (np.asarray(rng.standard_normal((M, N)), dtype=dtype, order=order),
+            rng.standard_normal(M).astype(dtype))
+
+
+def _reference(X, s, alpha):
+    return X.dtype.type(alpha) * s[:, None] * X
+
+
+@pytest.fixture(scope="module")
+def libraries(session_build_dir, scale_rows):
+    return {lang: load_library(scale_rows.sources[lang], lang, "scale_rows") for lang in ("c", "fortran")}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+def test_native_kernel_matches_numpy_exactly(libraries, scale_rows, lang, dtype):
+    kernel = bind(libraries[lang], scale_rows.signature(dtype), lang)
+    X, s = _inputs(dtype)
+    Y = kernel(X, s, alpha=1.7)
+    assert Y.dtype == dtype and Y.flags.c_contiguous
+    np.testing.assert_array_equal(Y, _reference(X, s, 1.7))
+
+    out = np.full((M, N), np.nan, dtype)
+    assert kernel(s=s, X=X, alpha=-0.5, out=out) is out  # written in place, also by Fortran
+    np.testing.assert_array_equal(out, _reference(X, s, -0.5))
+
+
+def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):
+    f64 = bind(libraries["c"], scale_rows.signature("float64"), "c")
+    f32 = bind(libraries["c"], scale_rows.signature("float32"), "c")
+    X, s = _inputs("float32")
+    np.testing.assert_array_equal(f32(X, s, 2.0), _reference(X, s, 2.0))
+    X, s = _inputs("float64")
+    np.testing.assert_array_equal(f64(X, s, 2.0), _reference(X, s, 2.0))
+
+
+def test_cuda_runs_or_skips_cleanly(session_build_dir, scale_rows):
+    try:
+        library = load_library(scale_rows.sources["cuda"], "cuda", "scale_rows")
+    except DeviceUnavailable as error:
+        pytest.skip(f"no CUDA device here: {error}")
+    kernel = bind(library, scale_rows.signature("float64"), "cuda")
+    X, s = _inputs("float64")
+    np.testing.assert_allclose(kernel(X, s, alpha=1.7), _reference(X, s, 1.7), rtol=1e-15)
+
+
+def test_unknown_language(scale_rows):
+    with pytest.raises(UnknownNameError, match="'rust'"):
+        load_library(scale_rows.sources["c"], "rust", "scale_rows")
+    with pytest.raises(UnknownNameError, match="'rust'"):
+        bind(None, scale_rows.signature(), "rust")
+
+
+class Stub:
+    """A native_call that records its arguments instead of running anything."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def test_native_call_gets_arrays_sizes_and_scalars_in_abi_order(scale_rows):
+    stub = Stub()
+    kernel = KernelCallable(scale_rows.signature(), stub)
+    X, s = _inputs("float64")
+    Y = kernel(X, s, 3)
+    (args,) = stub.calls
+    assert args[0] is X and args[1] is s and args[2] is Y
+    assert args[3:] == (M, N, 3.0)
+    assert [type(a) for a in args[3:]] == [int, int, float]
+    assert Y.shape == (M, N) and Y.dtype == np.float64 and Y.flags.c_contiguous
+    assert kernel.signature == scale_rows.signature()
+
+
+def test_col_layout_takes_and_allocates_fortran_order(scale_rows):
+    stub = Stub()
+    kernel = KernelCallable(scale_rows.signature(layout="col"), stub)
+    X, s = _inputs("float64", order="F")
+    assert kernel(X, s, alpha=1.0).flags.f_contiguous
+    with pytest.raises(ValueError, match="F-contiguous"):
+        kernel(np.ascontiguousarray(X), s, alpha=1.0)
+
+
+def _bad_calls():
+    """(what the message must say, the call) for every call that must fail before native code."""
+    X, s = _inputs("float64")
+    Y = np.empty((M, N))
+    read_only = Y.copy()
+    read_only.flags.writeable = False
+    return [
+        (r"'X'.*numpy array of shape \(m, n\), got list", lambda k: k(X.tolist(), s, alpha=1.0)),
+        (r"'s'.*1 dimensions \(m,\), got shape \(5, 1\)", lambda k: k(X, s[:, None], alpha=1.0)),
+        (r"'X'.*dtype float64, got float32", lambda k: k(X.astype(np.float32), s, alpha=1.0)),
+        (r"'X'.*dtype float64, got int64", lambda k: k(X.astype(np.int64), s, alpha=1.0)),
+        (r"'X'.*C-contiguous", lambda k: k(np.asfortranarray(X), s, alpha=1.0)),
+        (r"'X'.*C-contiguous", lambda k: k(np.empty((M, 2 * N))[:, ::2], s, alpha=1.0)),
+        (r"'s'.*expected shape \(m,\) = \(5,\), got \(4,\)", lambda k: k(X, s[:4], alpha=1.0)),
+        (r"size m must be >= 1, got 0", lambda k: k(X[:0], s[:0], alpha=1.0)),
+        (r"size n must be >= 1, got 0", lambda k: k(X[:, :0].copy(), s, alpha=1.0)),
+        (r"missing argument\(s\) alpha", lambda k: k(X, s)),
+        (r"missing argument\(s\) s", lambda k: k(X, alpha=1.0)),
+        (r"unexpected argument 'beta'", lambda k: k(X, s, alpha=1.0, beta=2.0)),
+        (r"takes 3 arguments", lambda k: k(X, s, 1.0, 2.0)),
+        (r"'alpha' given twice", lambda k: k(X, s, 1.0, alpha=1.0)),
+        (r"'alpha'.*finite", lambda k: k(X, s, alpha=np.nan)),
+        (r"'alpha'.*finite", lambda k: k(X, s, alpha=-np.inf)),
+        (r"'alpha'.*real number, got str", lambda k: k(X, s, alpha="1.0")),
+        (r"'alpha'.*real number, got bool", lambda k: k(X, s, alpha=True)),
+        (r"out 'Y'.*expected shape \(m, n\) = \(5, 7\), got \(7, 5\)", lambda k: k(X, s, alpha=1.0, out=Y.T.copy())),
+        (r"out 'Y'.*dtype float64, got float32", lambda k: k(X, s, alpha=1.0, out=Y.astype(np.float32))),
+        (r"out 'Y'.*C-contiguous", lambda k: k(X, s, alpha=1.0, out=np.asfortranarray(Y))),
+        (r"out 'Y'.*numpy array", lambda k: k(X, s, alpha=1.0, out=(Y,))),
+        (r"out 'Y' is read-only", lambda k: k(X, s, alpha=1.0, out=read_only)),
+        (r"out 'Y' shares memory", lambda k: k(X, s, alpha=1.0, out=X)),
+        (r"rejected by validate", lambda k: k(X, s, alpha=-1.0)),
+    ]
+
+
+@pytest.mark.parametrize("message, call", _bad_calls(), ids=[m for m, _ in _bad_calls()])
+def test_bad_call_raises_before_native_code(scale_rows, message, call):
+    def validate(sizes, scalars):
+        assert sizes == {"m": M, "n": N}
+        if scalars["alpha"] < 0:
+            raise ValueError("alpha rejected by validate")
+
+    stub = Stub()
+    with pytest.raises(ValueError, match=message):
+        call(KernelCallable(scale_rows.signature(), stub, validate))
+    assert stub.calls == []
+
+
+def test_float32_scalar_must_be_finite_as_float32(scale_rows):
+    stub = Stub()
+    X, s = _inputs("float32")
+    with pytest.raises(ValueError, match="finite float32"):
+        KernelCallable(scale_rows.signature("float32"), stub)(X, s, alpha=1e300)
+    assert stub.calls == []
+
+
+def _two_outputs():
+    n = sympy.Symbol("n")
+    return Signature("split_f64", (ArrayParam("a", (n, 2), "in"), ArrayParam("lo", (n,), "out"),
+                                   ArrayParam("hi", (n,), "out")), (n,), (), "float64")
+
+
+def test_several_outputs_come_back_as_a_tuple():
+    stub = Stub()
+    kernel = KernelCallable(_two_outputs(), stub)
+    a = np.ones((3, 2))
+    lo, hi = kernel(a)
+    assert lo.shape == hi.shape == (3,)
+    out = (np.empty(3), np.empty(3))
+    result = kernel(a=a, out=out)
+    assert result[0] is out[0] and result[1] is out[1]
+
+
+def test_several_outputs_are_checked():
+    stub = Stub()
+    kernel = KernelCallable(_two_outputs(), stub)
+    a, both = np.ones((3, 2)), np.empty(6)
+    with pytest.raises(ValueError, match="out must be a tuple of 2 arrays"):
+        kernel(a, out=np.empty(3))
+    with pytest.raises(ValueError, match="out 'hi' shares memory"):
+        kernel(a, out=(both[:3], both[2:5]))
+    assert stub.calls == []
+
+
+def test_sizes_must_be_inferable_from_the_inputs():
+    n = sympy.Symbol("n")
+    signature = Signature("double_f64", (ArrayParam("a", (2 * n,), "in"), ArrayParam("b", (n,), "out")),
+                          (n,), (), "float64")
+    with pytest.raises(ValueError, match=r"sizes \['n'\]"):
+        KernelCallable(signature, Stub())
