@@ -38,6 +38,15 @@ def bind(library, signature, validate=None):
     return KernelCallable(signature, native_call, validate)
 
 
+def available() -> bool:
+    """Whether CUDA kernels can run here (pycuda imports and a GPU answers)."""
+    try:
+        _gpuarray()
+    except DeviceUnavailable:
+        return False
+    return True
+
+
 def _gpuarray():
     """pycuda.gpuarray on the device's primary context, which the launchers' runtime API
     calls use too; DeviceUnavailable when there is no pycuda or no GPU."""

@@ -1,0 +1,30 @@
+# moagen: emit, build, verify and test the generated kernels.
+# Everything runs in .venv, created on first use with the pinned dependencies.
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+MOAGEN := $(VENV)/bin/moagen
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: all generated build verify test clean
+
+all: generated build
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	touch $@
+
+generated: $(VENV)/.installed
+	$(MOAGEN) generate
+
+build: $(VENV)/.installed
+	$(MOAGEN) build
+
+verify: $(VENV)/.installed
+	$(MOAGEN) verify
+
+test: $(VENV)/.installed
+	$(PYTHON) -m pytest -q
+
+clean:
+	rm -rf build

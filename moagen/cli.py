@@ -1,0 +1,184 @@
+"""The `moagen` command line."""
+import argparse
+import sys
+from pathlib import Path
+
+from moagen.errors import MoagenError
+
+STAGES = ("shape", "dnf", "onf")
+GENERATED = Path(__file__).resolve().parent.parent / "generated"
+CUDA_ARCHS = ("sm_80", "sm_90")
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except MoagenError as error:
+        print(f"moagen: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser():
+    from moagen.codegen.emit import LANGS
+    from moagen.onf.signature import DTYPES
+
+    parser = argparse.ArgumentParser(prog="moagen", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="the kernels and their variants")
+    p.set_defaults(run=cmd_list)
+
+    p = sub.add_parser("show", help="print a stage of a kernel: shape, dnf or onf")
+    p.add_argument("kernel")
+    p.add_argument("--stage", choices=STAGES, default="dnf")
+    p.add_argument("--variant")
+    p.add_argument("--layout", choices=("row", "col"), default="row")
+    p.set_defaults(run=cmd_show)
+
+    p = sub.add_parser("emit", help="print (or write) the source of a kernel")
+    p.add_argument("kernel")
+    p.add_argument("--lang", choices=LANGS, default="c")
+    p.add_argument("--variant")
+    p.add_argument("--dtype", choices=DTYPES, help="one dtype only (default: both)")
+    p.add_argument("-o", "--output", type=Path)
+    p.set_defaults(run=cmd_emit)
+
+    p = sub.add_parser("generate", help="write every kernel, variant and language to generated/")
+    p.add_argument("--out", type=Path, default=GENERATED)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if generated/ differs from what the generator emits")
+    p.set_defaults(run=cmd_generate)
+
+    p = sub.add_parser("build", help="build every kernel (C, Fortran) and compile the CUDA")
+    p.add_argument("kernels", nargs="*")
+    p.add_argument("--lang", choices=LANGS, action="append")
+    p.set_defaults(run=cmd_build)
+
+    p = sub.add_parser("verify", help="run every kernel against numpy and PyTorch")
+    p.add_argument("kernels", nargs="*")
+    p.add_argument("--lang", choices=LANGS, action="append")
+    p.add_argument("--variant", action="append")
+    p.add_argument("--dtype", choices=DTYPES, action="append")
+    p.set_defaults(run=cmd_verify)
+    return parser
+
+
+def cmd_list(args):
+    from moagen.kernels import KERNELS
+    for kernel in KERNELS.values():
+        print(f"{kernel.name}: {', '.join(kernel.variants)}")
+
+
+def cmd_show(args):
+    from moagen.kernels import get_kernel
+    from moagen.moa.dnf import format_dnf, psi_reduce
+    from moagen.moa.shape import annotate, fmt_shape
+    from moagen.onf.loops import format_onf
+    from moagen.onf.realize import realize
+
+    kernel = get_kernel(args.kernel)
+    variant = kernel.variant(args.variant)
+    if args.stage == "shape":
+        kernel.spec.validate()
+        for out in kernel.spec.outputs:
+            print(f"output {out.name}[{', '.join(out.index)}]:")
+            for depth, path, what, shape in annotate(out.value, f"{kernel.name}.{out.name}"):
+                print(f"  {'  ' * depth + what:<48} {fmt_shape(shape):<28} {path}")
+    elif args.stage == "dnf":
+        print(format_dnf(psi_reduce(kernel.spec, variant.materialize)), end="")
+    else:
+        dnf = psi_reduce(kernel.spec, variant.materialize)
+        print(format_onf(realize(dnf, variant.name, variant.schedule, args.layout)), end="")
+
+
+def cmd_emit(args):
+    from moagen.codegen.emit import emit
+    from moagen.onf.signature import DTYPES
+
+    source = emit(args.kernel, args.variant, args.lang, (args.dtype,) if args.dtype else DTYPES)
+    if args.output:
+        _write(args.output, source)
+    else:
+        print(source, end="")
+
+
+def _every_source():
+    from moagen.codegen.emit import LANGS, emit, filename
+    from moagen.kernels import KERNELS
+    for kernel in KERNELS.values():
+        for variant in kernel.variants:
+            for lang in LANGS:
+                yield filename(kernel.name, variant, lang), emit(kernel.name, variant, lang)
+
+
+def cmd_generate(args):
+    expected = dict(_every_source())
+    if args.check:
+        present = {p.name for p in args.out.glob("*") if p.is_file()} if args.out.is_dir() else set()
+        stale = sorted(n for n, text in expected.items()
+                       if not (args.out / n).is_file() or (args.out / n).read_text() != text)
+        extra = sorted(present - set(expected))
+        for name in stale:
+            print(f"differs from the generator: {args.out / name}")
+        for name in extra:
+            print(f"not emitted by the generator: {args.out / name}")
+        if stale or extra:
+            print("run `make generated` and commit the result", file=sys.stderr)
+            return 1
+        print(f"{len(expected)} generated sources are up to date")
+        return 0
+    for name, text in expected.items():
+        _write(args.out / name, text)
+    print(f"wrote {len(expected)} sources to {args.out}")
+
+
+def _write(path: Path, text: str):
+    from moagen.errors import MoagenError
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as error:
+        raise MoagenError(f"cannot write {path}: {error.strerror}") from error
+
+
+def cmd_build(args):
+    from moagen import build
+    from moagen.codegen.emit import LANGS, emit, stem
+    from moagen.kernels import KERNELS, get_kernel
+    from moagen.runtime import library
+
+    for name in args.kernels or KERNELS:
+        kernel = get_kernel(name)
+        for variant in kernel.variants:
+            for lang in args.lang or LANGS:
+                if lang == "cuda":  # compiled for the GPUs we target; it runs only where one is
+                    for arch in CUDA_ARCHS:
+                        result = build.compile_cuda(emit(name, variant, "cuda"), stem(name, variant), arch)
+                        print(f"compiled {stem(name, variant)}.cu for {arch}: {result.cubin}")
+                else:
+                    library(name, variant, lang)
+                    print(f"built {stem(name, variant)} ({lang})")
+
+
+def cmd_verify(args):
+    from moagen import verify
+    from moagen.errors import DeviceUnavailable
+    from moagen.onf.signature import DTYPES
+
+    langs = tuple(args.lang or verify.default_langs())
+    print(verify.HEADER)
+    failures = total = 0
+    for row in verify.run(args.kernels or None, langs, args.variant, tuple(args.dtype or DTYPES)):
+        print(verify.format_row(row), flush=True)
+        total += 1
+        failures += row.failed
+        if row.status.startswith("skip"):  # only CUDA skips, and only when asked for by name
+            raise DeviceUnavailable(row.status[len("skip: "):])
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

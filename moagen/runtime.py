@@ -1,0 +1,23 @@
+"""Kernels by name, ready to call: emit the source, build it (cached), load it, bind it.
+
+    attention = moagen.load("attention_fwd", variant="dnf", lang="fortran")
+    O = attention(Q, K, V, scale=0.125)
+"""
+from functools import lru_cache
+
+from moagen.bind import bind, load_library
+from moagen.bind.abi import KernelCallable
+from moagen.codegen.emit import check_dtype, emit, fortran_module, onf_of, stem
+from moagen.codegen.printer import signature
+
+
+@lru_cache(maxsize=None)
+def library(kernel: str, variant: str, lang: str):
+    """One build and one load per kernel variant and language per process."""
+    return load_library(emit(kernel, variant, lang), lang, stem(kernel, variant),
+                        module=fortran_module(kernel, variant))
+
+
+def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64") -> KernelCallable:
+    onf = onf_of(kernel, variant)
+    return bind(library(kernel, onf.variant, lang), signature(onf, check_dtype(dtype)), lang)
