@@ -100,7 +100,7 @@ def test_col_layout_takes_and_allocates_fortran_order(scale_rows):
 def _bad_calls():
     """(what the message must say, the call) for every call that must fail before native code."""
     X, s = _inputs("float64")
-    Y = np.empty((M, N))
+    Y = np.zeros((M, N))
     read_only = Y.copy()
     read_only.flags.writeable = False
     return [

@@ -168,6 +168,8 @@ class _Reducer:
             raise SpecError(f"Named {node.label}: {len(node.index)} index names for shape "
                             f"{fmt_shape(shape)}")
         own = tuple(E.sym(n) for n in node.index[:len(shape)])
+        # the temporary's index names are free in its body: no reduction there may bind them
+        self.reserved |= {v.name for v in own} | {var.name for var, _, _ in env}
         identity_env = tuple((var, ext, var) for var, ext, _ in env)
         body = self.psi(own, node.value, identity_env)
         self.temps[node.label] = Definition(

@@ -37,13 +37,18 @@ def _check(node, path):
     return _rule(node, path, child_shapes)
 
 
-def annotate(node: E.Expr, root: str = "spec") -> List[Tuple[str, str, E.Shape]]:
-    """(path, node description, shape) for every node, root first: the `shape` stage dump."""
+def annotate(node: E.Expr, root: str = "spec") -> List[Tuple[int, str, str, E.Shape]]:
+    """(depth, path, node description, shape) for every node, root first: the `shape` stage
+    dump. A Named intermediate used again is listed once with its subtree, then by name."""
     check(node, root)
-    rows = []
+    rows, seen = [], set()
 
     def walk(n, path, depth):
-        rows.append((depth, path, E.describe(n), shape_of(n)))
+        again = isinstance(n, E.Named) and n in seen
+        rows.append((depth, path, E.describe(n) + (" (as above)" if again else ""), shape_of(n)))
+        if again:
+            return
+        seen.add(n)
         for field, child in n.children():
             walk(child, f"{path}.{field}", depth + 1)
 

@@ -96,8 +96,9 @@ class Accumulate(Transform):
         if loop.var in red.extent.free_symbols:
             raise ScheduleError(f"{self}: the extent {red.extent} of {red.var} depends on "
                                 f"{loop.var}")
-        # the role's own name: only enclosing loops and locals can clash with it
-        var = sympy.Symbol(Names(scope | names.fixed | names.locals).new(self.over), integer=True)
+        # the role's own name: only the loop itself, enclosing loops and locals can clash
+        taken = scope | {loop.var.name} | names.fixed | names.locals
+        var = sympy.Symbol(Names(taken).new(self.over), integer=True)
         init = replace(loop, body=(replace(store, value=S.Num(S.IDENTITY[red.op])),))
         update = replace(store, value=S.subs(red.body, {red.var: var}), accumulate=red.op)
         done.append(loop)

@@ -1,0 +1,61 @@
+"""Every kernel, variant, language and dtype agrees with numpy and PyTorch on odd sizes:
+float64 to 1e-12 relative, float32 to the bound stated in moagen.verify."""
+import numpy as np
+import pytest
+
+from moagen import runtime, verify
+from moagen.bind import cuda
+from moagen.kernels import KERNELS
+from moagen.onf.signature import DTYPES
+
+CASES = [(k.name, v, lang, dtype, sizes)
+         for k in KERNELS.values() for v in k.variants for lang in verify.CPU_LANGS
+         for dtype in DTYPES for sizes in verify.CHECKS[k.name].sizes]
+
+
+def _id(case):
+    kernel, variant, lang, dtype, sizes = case
+    return f"{kernel}-{variant}-{lang}-{dtype}-" + "-".join(map(str, sizes.values()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_kernel_matches_references(case):
+    row = verify.check_case(*case, load=runtime.load)
+    assert row.status == "pass", verify.format_row(row)
+    assert set(row.errors) == {"numpy", "torch"}
+    assert max(row.errors.values()) <= verify.TOLERANCE[case[3]]
+
+
+def test_every_kernel_has_verification_cases():
+    assert set(verify.CHECKS) == set(KERNELS)
+
+
+def test_a_wrong_kernel_fails_verification():
+    """The check can fail: an output off by a relative 1e-9 is far outside float64's bound."""
+    def perturbed(*args, **kwargs):
+        fn = runtime.load(*args, **kwargs)
+        return lambda *a, **k: fn(*a, **k) * (1 + 1e-9)
+
+    row = verify.check_case("attention_fwd", "dnf", "c", "float64", dict(batch=1, heads=1, n=5, d=3),
+                            load=perturbed)
+    assert row.status == "FAIL" and row.failed
+
+
+def test_cuda_kernels_run_where_a_gpu_is():
+    if not cuda.available():
+        pytest.skip("no pycuda or no GPU here: CUDA kernels are compiled (test_codegen), not run")
+    rows = list(verify.run(langs=("cuda",)))
+    assert rows and all(r.status == "pass" for r in rows), [verify.format_row(r) for r in rows]
+
+
+def test_loaded_kernel_refuses_bad_calls_before_native_code():
+    attention = runtime.load("attention_fwd", "dnf", "c", "float64")
+    Q = np.zeros((1, 2, 5, 3))
+    with pytest.raises(ValueError, match=r"argument 'K'.*\(batch, heads, n, d\)"):
+        attention(Q, np.zeros((1, 2, 4, 3)), Q, scale=0.5)
+    with pytest.raises(ValueError, match="dtype float64, got float32"):
+        attention(Q, Q.astype(np.float32), Q, scale=0.5)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        attention(Q, np.asfortranarray(Q), Q, scale=0.5)
+    with pytest.raises(ValueError, match="missing argument"):
+        attention(Q, Q, Q)
