@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
-from moagen.codegen.emit import check_dtype, emit, fortran_module, onf_of, stem
+from moagen.codegen.emit import FORTRAN_MODULE, check_dtype, emit, onf_of, stem
 from moagen.codegen.printer import signature
 
 
@@ -15,7 +15,7 @@ from moagen.codegen.printer import signature
 def library(kernel: str, variant: str, lang: str):
     """One build and one load per kernel variant and language per process."""
     return load_library(emit(kernel, variant, lang), lang, stem(kernel, variant),
-                        module=fortran_module(kernel, variant))
+                        module=FORTRAN_MODULE)
 
 
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64") -> KernelCallable:

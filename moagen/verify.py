@@ -1,15 +1,18 @@
 """Verification: every kernel, variant, language and dtype against numpy and PyTorch, on
 sizes that divide nothing.
 
-The error of an output is normwise: max |ours - reference| / max |reference|, so that it
-does not blow up on entries near zero. float64 must agree to FLOAT64_TOL. float32 inputs
+The error of an output is normwise: max |ours - reference| / max(max |reference|, 1), so that
+it does not blow up on entries near zero. The inputs are unit normal and the outputs O(1);
+the floor of 1 matters only where a whole reference is zero up to rounding, e.g. every
+attention gradient when n = 1 (then P = 1 and dS = 0 exactly). float64 must agree to FLOAT64_TOL. float32 inputs
 are compared with the float64 reference on the same (float32-rounded) inputs; its bound
 comes from the unit roundoff u = 6e-8 times the longest sum in these kernels (n + d terms,
 up to 337 here): 337 * 6e-8 = 2e-5. Observed float32 errors are 1e-7 to 1e-6.
 """
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from functools import partial
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -35,15 +38,47 @@ class Check:
     scalars: Callable[[dict], dict]  # the scalar arguments for given sizes
     references: Dict[str, Callable]  # name -> f(*inputs as float64, **scalars) -> output(s)
     sizes: Tuple[dict, ...]  # n = 1, primes, sizes that divide no tile
+    # inputs that depend on each other (a backward's O and lse come from its forward);
+    # by default every input is random normal
+    inputs: Optional[Callable] = None  # f(random inputs as float64 by name, scalars) -> dict
+
+
+ATTENTION_SIZES = (dict(batch=1, heads=1, n=1, d=3), dict(batch=2, heads=3, n=7, d=5),
+                   dict(batch=1, heads=2, n=257, d=80))
+
+
+def _attention_scale(sizes):
+    return {"scale": 1 / math.sqrt(sizes["d"])}
+
+
+def _forward_of(causal):
+    """The backward's O and lse, computed from its Q, K and V in float64."""
+    def consistent(arrays, scalars):
+        Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
+        return dict(arrays, O=reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal),
+                    lse=reference.attention_lse_numpy(Q, K, scalars["scale"], causal))
+    return consistent
 
 
 CHECKS = {
     "attention_fwd": Check(
-        scalars=lambda s: {"scale": 1 / math.sqrt(s["d"])},
+        scalars=_attention_scale,
         references={"numpy": reference.attention_fwd_numpy, "torch": reference.attention_fwd_torch},
-        sizes=(dict(batch=1, heads=1, n=1, d=3), dict(batch=2, heads=3, n=7, d=5),
-               dict(batch=1, heads=2, n=257, d=80)),
+        sizes=ATTENTION_SIZES,
     ),
+    "attention_fwd_causal": Check(
+        scalars=_attention_scale,
+        references={"numpy": partial(reference.attention_fwd_numpy, causal=True),
+                    "torch": partial(reference.attention_fwd_torch, causal=True)},
+        sizes=ATTENTION_SIZES,
+    ),
+    **{name: Check(
+        scalars=_attention_scale,
+        references={"numpy": partial(reference.attention_bwd_numpy, causal=causal),
+                    "torch": partial(reference.attention_bwd_torch, causal=causal)},
+        sizes=ATTENTION_SIZES,
+        inputs=_forward_of(causal),
+    ) for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))},
     "rmsnorm_fwd": Check(
         scalars=lambda s: {"eps": 1e-5},
         references={"numpy": reference.rmsnorm_fwd_numpy, "torch": reference.rmsnorm_fwd_torch},
@@ -67,16 +102,19 @@ class Row:
         return self.status == "FAIL"
 
 
-def make_inputs(sig, sizes, rng):
-    """Random normal inputs of the kernel's shapes at these sizes."""
+def make_inputs(sig, sizes, scalars, check, rng):
+    """The kernel's inputs at these sizes, in its dtype: random normal, then made
+    consistent by the check (in float64) where inputs depend on each other."""
     env = {s: sizes[s.name] for s in sig.sizes}
-    return [rng.standard_normal(tuple(int(d.subs(env)) for d in a.shape)).astype(sig.dtype)
-            for a in sig.inputs]
+    arrays = {a.name: rng.standard_normal(tuple(int(d.subs(env)) for d in a.shape))
+              for a in sig.inputs}
+    if check.inputs:
+        arrays = check.inputs(arrays, scalars)
+    return [arrays[a.name].astype(sig.dtype) for a in sig.inputs]
 
 
 def normwise_error(ours, ref) -> float:
-    scale = float(np.max(np.abs(ref)))
-    return float(np.max(np.abs(ours - ref))) / (scale if scale > 0 else 1.0)
+    return float(np.max(np.abs(ours - ref))) / max(float(np.max(np.abs(ref))), 1.0)
 
 
 def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
@@ -88,8 +126,8 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:
         return Row(kernel, variant, lang, dtype, label, {}, f"skip: {why}")
-    inputs = make_inputs(sig, sizes, np.random.default_rng(seed))
     scalars = check.scalars(sizes)
+    inputs = make_inputs(sig, sizes, scalars, check, np.random.default_rng(seed))
     outputs = fn(*inputs, **scalars)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     wide = [a.astype(np.float64) for a in inputs]
@@ -118,9 +156,9 @@ def run(kernels=None, langs=CPU_LANGS, variants=None, dtypes=DTYPES, load=runtim
 
 def format_row(row: Row) -> str:
     errs = "  ".join(f"{k} {v:.1e}" for k, v in row.errors.items()) or "-"
-    return (f"{row.kernel:<14} {row.variant:<7} {row.lang:<8} {row.dtype:<8} {row.sizes:<34} "
+    return (f"{row.kernel:<22} {row.variant:<7} {row.lang:<8} {row.dtype:<8} {row.sizes:<34} "
             f"{errs:<28} {row.status}")
 
 
-HEADER = (f"{'kernel':<14} {'variant':<7} {'lang':<8} {'dtype':<8} {'sizes':<34} "
+HEADER = (f"{'kernel':<22} {'variant':<7} {'lang':<8} {'dtype':<8} {'sizes':<34} "
           f"{'max relative error vs':<28} result")

@@ -55,7 +55,7 @@ def test_emit_writes_a_file(capsys, tmp_path):
                      "--dtype", "float32", "-o", str(target))
     assert code == 0
     text = target.read_text()
-    assert "module moagen_rmsnorm_fwd_dnf" in text and "rmsnorm_fwd_dnf_f32" in text
+    assert "module moagen_kernels" in text and "rmsnorm_fwd_dnf_f32" in text
     assert "_f64" not in text
 
 

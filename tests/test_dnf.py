@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from moagen.errors import SpecError
-from moagen.kernels import attention
+from moagen.kernels import get_kernel
 from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
-from moagen.moa.expr import (Scalar, array, dim, drop, exp, inner, lift, named, omega, outer,
-                             psi, reduce, rsqrt, silu, sqrt, sym, take, transpose)
+from moagen.moa.expr import (Scalar, array, dim, drop, exp, inner, iota, lift, named, omega,
+                             outer, psi, reduce, rsqrt, silu, sqrt, sym, take, transpose, where)
 from moagen.moa.shape import check, same_shape
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
@@ -98,7 +98,12 @@ CASES += [
     _case("rsqrt", rsqrt(M * M + 0.5), lambda: 1 / np.sqrt(d["M"] ** 2 + 0.5)),
     _case("silu", silu(A), lambda: d["A"] / (1 + np.exp(-d["A"]))),
     _case("neg", -A, lambda: -d["A"]),
-    _case("dim", M / dim("n") + dim(sym("p") + 1), lambda: d["M"] / 5 + 8),
+    _case("dim", M / dim("n") + dim(sym("m") + 1), lambda: d["M"] / 5 + 4),
+    _case("iota", iota("n") * v, lambda: np.arange(5) * d["v"]),
+    _case("where-lower-triangle", where(outer(">=", iota("m"), iota("n")), M, -1.0),
+          lambda: np.where(np.tri(3, 5, dtype=bool), d["M"], -1.0)),
+    _case("where-upper-triangle", where(outer("<", iota("n"), iota("p")), 0.5, N),
+          lambda: np.where(np.tri(5, 7, dtype=bool), d["N"], 0.5)),
     _case("nested-reduce", reduce("max", reduce("+", A, 2), 0), lambda: d["A"].sum(2).max(0)),
     _case("inner", inner(M, N), lambda: d["M"] @ d["N"]),
     _case("inner-3d", inner(A, P), lambda: np.tensordot(d["A"], d["P"], 1)),
@@ -169,6 +174,8 @@ def test_named_softmax_matches_numpy():
 
 # ---- attention -----------------------------------------------------------------------
 
+ATTENTION = get_kernel("attention_fwd").spec
+
 def _scalar_nodes(e):
     yield e
     for c in S.children(e):
@@ -188,7 +195,7 @@ def _numpy_attention(Q, K, V, scale):
 
 
 def test_fused_attention_reads_only_its_inputs():
-    dnf = psi_reduce(attention.SPEC)
+    dnf = psi_reduce(ATTENTION)
     assert dnf.temps == () and [x.target for x in dnf.definitions] == ["O"]
     nodes = list(_scalar_nodes(dnf.definitions[0].body))
     assert {x.array for x in nodes if isinstance(x, S.Access)} == {"Q", "K", "V"}
@@ -196,7 +203,7 @@ def test_fused_attention_reads_only_its_inputs():
 
 
 def test_naive_attention_materializes_scores_and_probs():
-    dnf = psi_reduce(attention.SPEC, {"scores", "probs"})
+    dnf = psi_reduce(ATTENTION, {"scores", "probs"})
     assert [t.target for t in dnf.temps] == ["scores", "probs"]
     batch, heads, n = map(sym, ("batch", "heads", "n"))
     for t in dnf.temps:
@@ -209,8 +216,8 @@ def test_naive_attention_materializes_scores_and_probs():
 def test_attention_dnfs_match_numpy():
     arrays = _attention_inputs()
     scores, probs, out = _numpy_attention(*arrays.values(), 0.4)
-    naive = evaluate_dnf(psi_reduce(attention.SPEC, {"scores", "probs"}), arrays, {"scale": 0.4})
-    fused = evaluate_dnf(psi_reduce(attention.SPEC), arrays, {"scale": 0.4})
+    naive = evaluate_dnf(psi_reduce(ATTENTION, {"scores", "probs"}), arrays, {"scale": 0.4})
+    fused = evaluate_dnf(psi_reduce(ATTENTION), arrays, {"scale": 0.4})
     for got, want in ((naive["scores"], scores), (naive["probs"], probs), (naive["O"], out),
                       (fused["O"], out)):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
@@ -218,4 +225,4 @@ def test_attention_dnfs_match_numpy():
 
 def test_materializing_an_unknown_label_is_a_spec_error():
     with pytest.raises(SpecError, match="cannot materialize.*'nope'.*probs.*scores"):
-        psi_reduce(attention.SPEC, {"scores", "nope"})
+        psi_reduce(ATTENTION, {"scores", "nope"})

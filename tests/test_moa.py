@@ -6,8 +6,9 @@ import pytest
 
 from moagen.errors import ShapeError, SpecError
 from moagen.moa import expr as E
-from moagen.moa.expr import (Scalar, array, dim, drop, exp, inner, lift, maximum, named, omega,
-                             outer, psi, reduce, rsqrt, silu, sqrt, sym, take, transpose)
+from moagen.moa.expr import (Scalar, array, dim, drop, exp, inner, iota, lift, maximum, named,
+                             omega, outer, psi, reduce, rsqrt, silu, sqrt, sym, take, transpose,
+                             where)
 from moagen.moa.shape import check, same_shape, shape_of
 from moagen.moa.spec import KernelSpec, Output
 
@@ -65,6 +66,8 @@ def test_dsl_builds_nodes_with_integer_size_symbols():
     (lift(("b",), ("b",), psi(("b",), array("X", "b", "n"))), (b, n)),
     (lift(("b", "i"), ("b", "m"), inner(v, N)), (b, m, p)),
     (named("t", M * M), (m, n)),
+    (iota("n"), (n,)),
+    (where(outer(">=", iota("m"), iota("n")), M, 0.0), (m, n)),
 ])
 def test_shape_of_every_node_kind(node, shape):
     assert same_shape(check(node), shape)
@@ -90,6 +93,8 @@ def test_shape_error_names_the_node_path_and_both_shapes():
     (omega("-", M, array("r", "n")), "spec", ("(m, n)", "(n)")),
     (reduce("+", named("t", M - v), 0), "spec.array.value", ("(m, n)", "(n)")),
     (outer("*", v, M + N), "spec.right", ("(m, n)", "(n, p)")),
+    (lift(("b",), ("b",), where(outer("<", iota("m"), iota("n")), N, 0.0)), "spec.body",
+     ("(m, n)", "(n, p)")),
 ])
 def test_mismatches_name_path_and_shapes(node, path, shapes):
     message = _error(ShapeError, node)
@@ -153,7 +158,11 @@ def test_a_valid_spec_validates_and_knows_its_sizes():
     (_spec([Output("C", reduce("+", M, 0), ("i", "j"))]),
      ["2 index names", "shape (n)"]),
     (_spec([Output("C", take("k", M), ("i", "j"))]),
-     ["sizes ['k'] that no input determines"]),
+     ["output shape (k, n) uses sizes ['k'] that no input determines"]),
+    (_spec([Output("C", M / dim("q"), ("i", "j"))]),
+     ["Dim q uses sizes ['q']"]),
+    (_spec([Output("C", reduce("+", take("k", v), 0), ())]),
+     ["Take k axis=0 uses sizes ['k']"]),
 ])
 def test_validate_errors(spec, words):
     with pytest.raises(SpecError) as info:

@@ -16,6 +16,10 @@ class IndexPrinter(C99CodePrinter):
         a, b = (self._print(x) for x in expr.args)
         return f"({a} < {b} ? {a} : {b})"
 
+    def _print_Max(self, expr):
+        a, b = (self._print(x) for x in expr.args)
+        return f"({a} > {b} ? {a} : {b})"
+
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
         return f"({a}) / {b}"

@@ -4,7 +4,7 @@ from functools import lru_cache
 from moagen.codegen.c import emit_c
 from moagen.codegen.cuda import emit_cuda
 from moagen.codegen.fortran import emit_fortran
-from moagen.errors import UnknownNameError
+from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
 from moagen.moa.dnf import psi_reduce
 from moagen.onf.loops import ONF
@@ -30,8 +30,11 @@ def filename(kernel: str, variant: str, lang: str) -> str:
     return f"{stem(kernel, variant)}.{EXTENSIONS[check_lang(lang)]}"
 
 
-def fortran_module(kernel: str, variant: str) -> str:
-    return f"moagen_{stem(kernel, variant)}"
+# One name for the Fortran module of every generated file: f90wrap names each wrapper
+# f90wrap_<module>__<routine> and mangles names past Fortran's 63 characters, so the module
+# name is kept short and the routine names are checked against the limit.
+FORTRAN_MODULE = "moagen_kernels"
+FORTRAN_NAME_LIMIT = 63 - len(f"f90wrap_{FORTRAN_MODULE}__")
 
 
 def check_lang(lang):
@@ -58,5 +61,9 @@ def emit(kernel: str, variant: str = None, lang: str = "c", dtypes=DTYPES) -> st
     if lang == "c":
         return emit_c(pairs, banner)
     if lang == "fortran":
-        return emit_fortran(pairs, banner, fortran_module(onf.name, onf.variant))
+        longest = f"{stem(onf.name, onf.variant)}_f64"
+        if len(longest) > FORTRAN_NAME_LIMIT:
+            raise SpecError(f"{longest} is longer than the {FORTRAN_NAME_LIMIT} characters a "
+                            f"Fortran routine wrapped by f90wrap may have; shorten the kernel name")
+        return emit_fortran(pairs, banner, FORTRAN_MODULE)
     return emit_cuda(pairs, banner)

@@ -112,8 +112,8 @@ class FortranPrinter(Printer):
         return f"{fn}({', '.join(args)})"
 
     def select(self, cond, then, other):
-        # merge() evaluates both branches, and catenation's other branch reads out of bounds
-        raise SpecError("the Fortran backend cannot print catenation (a Select) yet")
+        # merge() evaluates both branches: psi-reduction keeps every branch's index in range
+        return f"merge({then}, {other}, {cond})"
 
 
 def _check_case_insensitive(onf, printer):

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import attention, rmsnorm
+from moagen.kernels import attention, attention_bwd, rmsnorm
 from moagen.moa.spec import KernelSpec
 
 
@@ -34,13 +34,14 @@ class Kernel:
         return self.variants[name]
 
 
-def _kernel(module) -> Kernel:
-    variants = {name: Variant(name, materialize, schedule)
-                for name, (materialize, schedule) in module.VARIANTS.items()}
-    return Kernel(module.SPEC, variants)
+def _kernel(spec, variants) -> Kernel:
+    return Kernel(spec, {name: Variant(name, materialize, schedule)
+                         for name, (materialize, schedule) in variants.items()})
 
 
-KERNELS = {k.name: k for k in map(_kernel, (attention, rmsnorm))}
+# each kernel module lists its (spec, variants) pairs
+KERNELS = {k.name: k for module in (attention, attention_bwd, rmsnorm) for k in
+           (_kernel(spec, variants) for spec, variants in module.KERNELS)}
 
 
 def get_kernel(name: str) -> Kernel:

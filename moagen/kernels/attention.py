@@ -1,7 +1,9 @@
 """Attention forward, O = softmax(scale * Q K^T) V per (batch, head), softmax made stable by
-subtracting the row maximum. Written once; the variants differ only in what they
-materialize and in their schedule."""
-from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
+subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyTorch's
+is_causal). Written once; the variants differ only in what they materialize and in their
+schedule."""
+from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, named, omega, outer, psi,
+                             reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 
@@ -10,9 +12,14 @@ K = array("K", "batch", "heads", "n", "d")
 V = array("V", "batch", "heads", "n", "d")
 
 
-def _one_head(q, k, v):
-    scores = named("scores", Scalar("scale") * inner(q, transpose(k), var="c", name="qk"),
-                   index=("i", "j"))
+def causal_mask(scores):
+    """Keys after the query get -inf, so exp gives them zero weight."""
+    return where(outer(">=", iota("n"), iota("n")), scores, float("-inf"))
+
+
+def _one_head(q, k, v, causal):
+    scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
+    scores = named("scores", causal_mask(scores) if causal else scores, index=("i", "j"))
     row_max = reduce("max", scores, axis=1, var="j", name="row_max")
     weights = exp(omega("-", scores, row_max))
     row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
@@ -20,15 +27,15 @@ def _one_head(q, k, v):
     return inner(probs, v, var="j", name="acc")
 
 
-SPEC = KernelSpec(
-    name="attention_fwd",
-    inputs=(Q, K, V),
-    scalars=("scale",),
-    outputs=(Output("O", lift(("b", "h"), ("batch", "heads"),
-                              _one_head(psi(("b", "h"), Q), psi(("b", "h"), K),
-                                        psi(("b", "h"), V))),
-                    index=("b", "h", "i", "c")),),
-)
+def spec(causal: bool) -> KernelSpec:
+    heads = [psi(("b", "h"), a) for a in (Q, K, V)]
+    return KernelSpec(
+        name="attention_fwd_causal" if causal else "attention_fwd",
+        inputs=(Q, K, V),
+        scalars=("scale",),
+        outputs=(Output("O", lift(("b", "h"), ("batch", "heads"), _one_head(*heads, causal)),
+                        index=("b", "h", "i", "c")),),
+    )
 
 ROWS = Parallel(("b", "h", "i"))
 VARIANTS = {
@@ -38,3 +45,5 @@ VARIANTS = {
     # probability once per key, then spread over the output row
     "dnf": (frozenset(), (Accumulate("c", over="j"), Hoist(), ROWS)),
 }
+
+KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

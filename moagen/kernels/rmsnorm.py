@@ -28,3 +28,5 @@ VARIANTS = {
     # one pass per row: the statistic stays in a register
     "dnf": (frozenset(), (Hoist(), ROWS)),
 }
+
+KERNELS = [(SPEC, VARIANTS)]

@@ -115,9 +115,22 @@ class _Reducer:
         if isinstance(node, E.Cat):
             ax = node.axis % len(idx)
             split = shape_of(node.left)[ax]
+            # both branches clamped into range: a backend may evaluate both (Fortran's merge)
+            left, right = sympy.Min(idx[ax], split - 1), sympy.Max(idx[ax] - split, 0)
             return S.Select(sympy.StrictLessThan(idx[ax], split),
-                            self.psi(idx, node.left, env),
-                            self.psi(_put(idx, ax, idx[ax] - split), node.right, env))
+                            self.psi(_put(idx, ax, left), node.left, env),
+                            self.psi(_put(idx, ax, right), node.right, env))
+        if isinstance(node, E.Iota):
+            return S.Dim(idx[0])
+        if isinstance(node, E.Where):
+            cond = self._operand(idx, node.cond, env)
+            if not (isinstance(cond, S.Bin) and cond.op in E.COMPARISONS
+                    and isinstance(cond.left, S.Dim) and isinstance(cond.right, S.Dim)):
+                raise SpecError("Where needs a comparison of indices (built from iota) as its "
+                                "condition")
+            relation = sympy.core.relational.Relational(cond.left.value, cond.right.value, cond.op)
+            return S.Select(relation, self._operand(idx, node.then, env),
+                            self._operand(idx, node.other, env))
         if isinstance(node, E.BinOp):
             return S.Bin(node.op, self._operand(idx, node.left, env),
                          self._operand(idx, node.right, env))

@@ -17,6 +17,7 @@ from moagen.errors import SpecError
 Shape = Tuple[sympy.Expr, ...]
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "min")
+COMPARISONS = ("<", "<=", ">", ">=")  # only in a Where's condition, on indices
 UNARY_FNS = ("exp", "sqrt", "rsqrt", "silu", "neg")
 REDUCE_OPS = ("+", "max")
 
@@ -113,6 +114,21 @@ class Dim(Expr):
 
 
 @dataclass(frozen=True)
+class Iota(Expr):
+    """iota n = <0 1 ... n-1>: an index used as a value, e.g. to build a causal mask."""
+    count: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Where(Expr):
+    """`then` where `cond` holds, else `other`; cond compares indices (built from iota), so
+    that it can become an index condition in the generated code."""
+    cond: Expr
+    then: Expr
+    other: Expr
+
+
+@dataclass(frozen=True)
 class Psi(Expr):
     """`index psi array`: a (possibly partial) index selects an element or a sub-array."""
     index: Tuple[sympy.Expr, ...]
@@ -164,7 +180,7 @@ class BinOp(Expr):
     right: Expr
 
     def __post_init__(self):
-        _check_choice("binary operator", self.op, BINARY_OPS)
+        _check_choice("binary operator", self.op, BINARY_OPS + COMPARISONS)
 
 
 @dataclass(frozen=True)
@@ -214,7 +230,7 @@ class Outer(Expr):
     right: Expr
 
     def __post_init__(self):
-        _check_choice("outer-product operator", self.op, BINARY_OPS)
+        _check_choice("outer-product operator", self.op, BINARY_OPS + COMPARISONS)
 
 
 @dataclass(frozen=True)
@@ -267,6 +283,14 @@ def array(name: str, *shape) -> Array:
 
 def dim(value) -> Dim:
     return Dim(as_dim(value))
+
+
+def iota(count) -> Iota:
+    return Iota(as_dim(count))
+
+
+def where(cond, then, other) -> Where:
+    return Where(cond, as_expr(then), as_expr(other))
 
 
 def psi(index, a) -> Psi:
@@ -335,6 +359,10 @@ def describe(node: Expr) -> str:
         return f"{type(node).__name__} {node}"
     if isinstance(node, Psi):
         return f"Psi <{' '.join(map(str, node.index))}>"
+    if isinstance(node, Iota):
+        return f"Iota {node.count}"
+    if isinstance(node, Where):
+        return "Where"
     if isinstance(node, (Take, Drop)):
         return f"{type(node).__name__} {node.count} axis={node.axis}"
     if isinstance(node, Reverse):

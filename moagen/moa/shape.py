@@ -68,6 +68,15 @@ def _rule(node, path, kids) -> E.Shape:
         return node.shape
     if isinstance(node, (E.Scalar, E.Const, E.Dim)):
         return ()
+    if isinstance(node, E.Iota):
+        return (node.count,)
+    if isinstance(node, E.Where):
+        cond, then, other = kids
+        if not all(k == () or same_shape(k, cond) for k in (then, other)):
+            raise ShapeError(f"{path}: Where needs branches of the condition's shape "
+                             f"{fmt_shape(cond)} (or scalars), but got {fmt_shape(then)} and "
+                             f"{fmt_shape(other)}")
+        return cond
     if isinstance(node, E.Psi):
         (s,) = kids
         if len(node.index) > len(s):

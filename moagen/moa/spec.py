@@ -7,7 +7,7 @@ import sympy
 
 from moagen.errors import SpecError
 from moagen.moa import expr as E
-from moagen.moa.shape import check, fmt_shape, same_shape
+from moagen.moa.shape import check, fmt_shape, same_shape, shape_of
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ class KernelSpec:
                                         f"{fmt_shape(node.shape)}, declared {fmt_shape(ref.shape)}")
                 if isinstance(node, E.Scalar) and node.name not in self.scalars:
                     raise SpecError(f"{self.name}.{out}: scalar {node.name} is not declared")
+                # a size inside the expression (a Dim, a reduced take) must be an argument too
+                used = {s for d in shape_of(node) for s in d.free_symbols}
+                if isinstance(node, E.Dim):
+                    used |= node.value.free_symbols
+                if used - sizes:
+                    raise SpecError(f"{self.name}.{out}: {E.describe(node)} uses sizes "
+                                    f"{sorted(map(str, used - sizes))} that no input determines")
         return self
 
 

@@ -81,7 +81,7 @@ def infer_sizes(buffers, arrays) -> dict:
 def evaluate_dnf(dnf, arrays: dict, scalars: dict) -> dict:
     """Every definition of the DNF (temporaries and outputs), by name, as float64 arrays."""
     sizes = infer_sizes(dnf.spec.inputs, arrays)
-    store = {name: np.asarray(a, dtype=np.float64) for name, a in arrays.items()}
+    store = {name: np.array(a, dtype=np.float64) for name, a in arrays.items()}
     machine = _Machine(store, _params(dnf.spec.scalars, scalars))
     for d in dnf.definitions:  # temporaries come first, so later bodies can read them
         shape = tuple(index_fn(s)(sizes) for s in d.shape)
@@ -102,11 +102,12 @@ def run_onf(onf, arrays: dict, scalars: dict) -> dict:
     order = ORDER[onf.layout]
     shapes = {b.name: tuple(index_fn(s)(sizes) for s in b.shape)
               for b in onf.inputs + onf.outputs + onf.temps}
-    store = {b.name: np.asarray(arrays[b.name], dtype=np.float64) for b in onf.inputs}
+    # copies: a faulty store into an input must not change the caller's arrays
+    store = {b.name: np.array(arrays[b.name], dtype=np.float64) for b in onf.inputs}
     store.update({b.name: np.full(shapes[b.name], np.nan) for b in onf.outputs})
     store.update({b.name: np.zeros(shapes[b.name]) for b in onf.temps})
     if onf.flat:  # Load and Store address flat buffers laid out as gamma says
-        store = {name: a.ravel(order=order).copy() for name, a in store.items()}
+        store = {name: a.ravel(order=order) for name, a in store.items()}
     machine = _Machine(store, _params(onf.scalars, scalars))
     for nest in onf.nests:
         machine.block(nest.body)(dict(sizes), {})
@@ -204,7 +205,8 @@ class _Machine:
 
     def stmt(self, s):
         if isinstance(s, Loop):
-            start, stop, body, var = index_fn(s.start), index_fn(s.stop), self.block(s.body), s.var.name
+            start, stop, var = index_fn(s.start), index_fn(s.stop), s.var.name
+            body = self.block(s.body)
 
             def loop(ints, locs):
                 for _ in _iterate(ints, var, range(start(ints), stop(ints))):

@@ -230,6 +230,11 @@ class Split(Transform):
         body = _rewrite_loops(nest.body, self.var, split)
         if not done:
             raise ScheduleError(f"{self}: nest {nest.target} has no loop {self.var}")
+        # splitting a parallel loop other than the innermost makes the tile loop's bounds
+        # depend on the block loop, which neither OpenMP's collapse nor CUDA can map
+        for lp in walk(body):
+            if isinstance(lp, Loop) and lp.parallel:
+                _check_rectangular(self, _perfect_chain((lp,), lp.parallel))
         return body
 
 
@@ -240,6 +245,14 @@ def _perfect_chain(stmts, count):
         chain.append(stmts[0])
         stmts = stmts[0].body
     return chain if len(chain) == count else None
+
+
+def _check_rectangular(transform, chain):
+    chain_vars = {lp.var for lp in chain}
+    for lp in chain:
+        if (lp.start.free_symbols | lp.stop.free_symbols) & chain_vars:
+            raise ScheduleError(f"{transform}: the bounds of {lp.var} depend on another parallel "
+                                f"loop; the parallel iteration space must be rectangular")
 
 
 @dataclass(frozen=True)
@@ -285,11 +298,7 @@ class Parallel(Transform):
         if not chain or [lp.var.name for lp in chain] != list(self.vars):
             raise ScheduleError(f"{self}: nest {nest.target} does not start with the perfectly "
                                 f"nested loops {', '.join(self.vars)}")
-        chain_vars = {lp.var for lp in chain}
-        for lp in chain:
-            if (lp.start.free_symbols | lp.stop.free_symbols) & chain_vars:
-                raise ScheduleError(f"{self}: the bounds of {lp.var} depend on another parallel "
-                                    f"loop; the parallel iteration space must be rectangular")
+        _check_rectangular(self, chain)
         inner = chain[-1].body
         lets = {s.name for s in walk(inner) if isinstance(s, Let)}
         for s in walk(inner):

@@ -1,0 +1,63 @@
+"""Attention backward, given Q, K, V, the forward's output O and per-row logsumexp lse, and
+the output gradient dO (per batch and head; optionally causal):
+
+    P  = exp(scale * Q K^T - lse)          the softmax, recomputed from lse
+    dV = P^T dO
+    dP = dO V^T
+    dS = P * (dP - delta),  delta = rowsum(dO * O)  (== rowsum(dP * P))
+    dQ = scale * dS K,      dK = scale * dS^T Q
+"""
+from moagen.kernels.attention import K, Q, V, causal_mask
+from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
+
+O = array("O", "batch", "heads", "n", "d")
+DO = array("dO", "batch", "heads", "n", "d")
+LSE = array("lse", "batch", "heads", "n")
+BH, EXTENTS = ("b", "h"), ("batch", "heads")
+
+
+def gradients(q, k, v, o, do, lse, causal):
+    """dQ, dK, dV of one head as MoA expressions."""
+    scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
+    probs = named("P", exp(omega("-", causal_mask(scores) if causal else scores, lse)),
+                  index=("i", "j"))
+    dprobs = inner(do, transpose(v), var="c", name="dov")
+    delta = named("delta", reduce("+", do * o, axis=1, var="c", name="rowdot"), index=("i",))
+    dscores = named("dS", Scalar("scale") * (probs * omega("-", dprobs, delta)), index=("i", "j"))
+    return (inner(dscores, k, var="j", name="acc"),
+            inner(transpose(dscores), q, var="i", name="acc"),
+            inner(transpose(probs), do, var="i", name="acc"))
+
+
+def spec(causal: bool) -> KernelSpec:
+    heads = [psi(BH, a) for a in (Q, K, V, O, DO, LSE)]
+    dq, dk, dv = gradients(*heads, causal)
+    return KernelSpec(
+        name="attention_bwd_causal" if causal else "attention_bwd",
+        inputs=(Q, K, V, O, DO, LSE),
+        scalars=("scale",),
+        outputs=(Output("dQ", lift(BH, EXTENTS, dq), ("b", "h", "i", "c")),
+                 Output("dK", lift(BH, EXTENTS, dk), ("b", "h", "j", "c")),
+                 Output("dV", lift(BH, EXTENTS, dv), ("b", "h", "j", "c"))),
+    )
+
+
+# dQ rows belong to query rows, dK and dV rows to key rows: each nest is parallel over the
+# rows it owns, so no thread writes another's output and no atomics are needed
+OWNERS = (Parallel(("b", "h", "i"), nest="dQ"), Parallel(("b", "h", "j"), nest="dK"),
+          Parallel(("b", "h", "j"), nest="dV"))
+SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dK"),
+          Accumulate("c", over="i", nest="dV"))
+VARIANTS = {
+    # the n x n P and dS go to memory, as a framework's backward does
+    "naive": (frozenset({"P", "dS", "delta"}),
+              (Hoist(), Parallel(("b", "h", "i"), nest="P"), Parallel(("b", "h", "i"), nest="dS"),
+               Parallel(("b", "h", "i"), nest="delta")) + OWNERS),
+    # each softmax row recomputed from Q, K and lse; only delta (one number a row) is stored
+    "dnf": (frozenset({"delta"}),
+            SPREAD + (Hoist(), Parallel(("b", "h", "i"), nest="delta")) + OWNERS),
+}
+
+KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -1,0 +1,319 @@
+"""Schedule transformations keep the value: every stage of every variant is executed by the
+reference interpreter and compared with the untransformed ONF and with numpy. Also the
+structure the schedules promise, and the errors they raise when they cannot apply."""
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.kernels import get_kernel
+from moagen.moa import scalar as S
+from moagen.moa.dnf import psi_reduce
+from moagen.moa.expr import array, inner, sym
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.interpret import run_onf
+from moagen.onf.layout import apply_layout
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.onf.names import base_name
+from moagen.onf.realize import initial_onf, realize
+from moagen.onf.reductions import lower_reductions
+from moagen.onf.schedule import Accumulate, Hoist, Parallel, Reorder, Split
+
+
+def _attention_reference(Q, K, V, scale, causal=False):
+    scores = scale * np.einsum("bhic,bhjc->bhij", Q, K)
+    if causal:  # query i sees keys j <= i
+        n = scores.shape[-1]
+        scores = np.where(np.tri(n, n, dtype=bool), scores, -np.inf)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return {"O": np.einsum("bhij,bhjc->bhic", e / e.sum(-1, keepdims=True), V)}
+
+
+def _rmsnorm_reference(x, weight, eps):
+    return {"z": weight * x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)}
+
+
+_rng = np.random.default_rng(11)
+_QKV = {n: _rng.standard_normal((1, 3, 5, 3)) for n in "QKV"}
+PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
+    "attention_fwd": (_QKV, {"scale": 0.45}, _attention_reference),
+    "attention_fwd_causal": (_QKV, {"scale": 0.45},
+                             lambda *args: _attention_reference(*args, causal=True)),
+    "rmsnorm_fwd": ({"x": _rng.standard_normal((3, 5, 7)), "weight": _rng.standard_normal(7)},
+                    {"eps": 0.1}, _rmsnorm_reference),
+}
+VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants]
+
+
+@lru_cache(maxsize=None)
+def _dnf(kernel, variant):
+    return psi_reduce(get_kernel(kernel).spec, get_kernel(kernel).variant(variant).materialize)
+
+
+def _run(kernel, onf):
+    arrays, scalars, _ = PROBLEMS[kernel]
+    return run_onf(onf, arrays, scalars)
+
+
+@lru_cache(maxsize=None)
+def _expected(kernel):
+    arrays, scalars, reference = PROBLEMS[kernel]
+    return reference(*arrays.values(), *scalars.values())
+
+
+def _assert_same(got, want, rtol=1e-13):
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=1e-14, err_msg=name)
+
+
+def _scheduled(kernel, variant):
+    """The variant's ONF after its schedule, before lowering."""
+    onf = initial_onf(_dnf(kernel, variant), variant)
+    for transform in get_kernel(kernel).variant(variant).schedule:
+        onf = transform(onf)
+    return onf
+
+
+# ---- every stage of every variant ------------------------------------------------------
+
+@pytest.mark.parametrize("kernel, variant", VARIANTS)
+def test_every_stage_keeps_the_value(kernel, variant):
+    onf = initial_onf(_dnf(kernel, variant), variant)
+    base = _run(kernel, onf)
+    _assert_same(base, _expected(kernel), rtol=1e-12)
+    stages = []
+    for transform in get_kernel(kernel).variant(variant).schedule:
+        onf = transform(onf)
+        stages.append((str(transform), onf))
+    onf = lower_reductions(onf)
+    stages.append(("lower_reductions", onf))
+    stages.append(("apply_layout", apply_layout(onf)))
+    schedule = get_kernel(kernel).variant(variant).schedule
+    for layout in ("row", "col"):
+        stages.append((f"realize {layout}", realize(_dnf(kernel, variant), variant, schedule,
+                                                    layout)))
+    assert stages[-1][1].flat and stages[-1][1].layout == "col"
+    for name, stage in stages:
+        try:
+            _assert_same(_run(kernel, stage), base)
+        except AssertionError as error:
+            raise AssertionError(f"after {name}: {error}") from None
+
+
+# ---- split, reorder, parallel ----------------------------------------------------------
+
+SPLITS = [("attention_fwd", v, var) for v in ("naive", "dnf") for var in ("i", "j", "c")]
+SPLITS += [("rmsnorm_fwd", v, var) for v in ("naive", "dnf") for var in ("i", "c")]
+
+
+def _split_everywhere(onf, var, tile):
+    """Split var in each nest that has such a loop (a nest-less Split wants it in all)."""
+    for nest in onf.nests:
+        if any(isinstance(s, Loop) and s.var.name == var for s in walk(nest.body)):
+            onf = Split(var, tile, nest.target)(onf)
+    return onf
+
+
+@pytest.mark.parametrize("tile", [1, 2, 3, 8])
+@pytest.mark.parametrize("kernel, variant, var", SPLITS)
+def test_split_keeps_the_value(kernel, variant, var, tile):
+    scheduled = _scheduled(kernel, variant)
+    before = _split_everywhere(scheduled, var, tile)
+    after = _split_everywhere(lower_reductions(scheduled), var, tile)
+    for split in (before, after):
+        # every loop over var now runs alone inside a block loop of its own
+        nested = [around for n in split.nests for s, around in _with_loops(n.body)
+                  if isinstance(s, Loop) and s.var.name == var]
+        assert nested and all(base_name(around[-1]) == f"{var}_blk" for around in nested)
+    for onf in (lower_reductions(before), after):
+        for layout in ("row", "col"):
+            _assert_same(_run(kernel, apply_layout(replace(onf, layout=layout))),
+                         _expected(kernel), rtol=1e-12)
+
+
+def _with_loops(stmts, around=()):
+    """(statement, the variables of the loops around it) for every statement."""
+    for s in stmts:
+        yield s, around
+        if isinstance(s, Loop):
+            yield from _with_loops(s.body, around + (s.var.name,))
+
+
+def _chain(stmts):
+    """The variables of the perfectly nested loops a nest starts with."""
+    names = []
+    while len(stmts) == 1 and isinstance(stmts[0], Loop):
+        names.append(stmts[0].var.name)
+        stmts = stmts[0].body
+    return names
+
+
+@pytest.mark.parametrize("kernel, variant, lowered, nest, order", [
+    ("attention_fwd", "naive", False, "O", ("c", "i", "b", "h")),
+    ("attention_fwd", "naive", False, "scores", ("j", "b", "i", "h")),
+    ("attention_fwd", "naive", True, "scores", ("j", "i", "h", "b")),
+    ("attention_fwd", "dnf", False, "O", ("i", "c", "h", "b")),
+    ("rmsnorm_fwd", "naive", False, "z", ("c", "i", "b")),
+    ("rmsnorm_fwd", "naive", True, "inv_rms", ("i", "b")),
+])
+def test_reorder_keeps_the_value(kernel, variant, lowered, nest, order):
+    onf = initial_onf(_dnf(kernel, variant), variant)
+    onf = Reorder(order, nest)(lower_reductions(onf) if lowered else onf)
+    reordered = next(n for n in onf.nests if n.target == nest)
+    assert _chain(reordered.body)[:len(order)] == list(order)
+    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel, variant", VARIANTS)
+def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
+    onf = _scheduled(kernel, variant)
+    rows = _chain(onf.nests[-1].body)[:2]
+    onf = Reorder(tuple(reversed(rows)))(onf)
+    assert all(_chain(n.body)[:2] == rows[::-1] for n in onf.nests)
+    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel, loops", [
+    ("attention_fwd", ("b",)),
+    ("attention_fwd", ("b", "h", "i", "c")),
+    ("rmsnorm_fwd", ("b", "i", "c")),
+])
+def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops):
+    onf = Parallel(loops)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
+    assert [n.body[0].parallel for n in onf.nests] == [len(loops)] * len(onf.nests)
+    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+
+
+# ---- the structure the schedules promise -----------------------------------------------
+
+def test_fused_attention_computes_each_row_max_once_outside_the_output_loops():
+    onf = realize(_dnf("attention_fwd", "dnf"), "dnf",
+                  get_kernel("attention_fwd").variant("dnf").schedule)
+    for nest in onf.nests:
+        maxes = [(s, around) for s, around in _with_loops(nest.body)
+                 if isinstance(s, Update) and s.op == "max"]
+        assert len(maxes) == 1
+        (update, around), = maxes
+        assert not any(base_name(v) == "c" for v in around), around
+        # its accumulator is declared once, outside the loop over keys
+        lets = [a for s, a in _with_loops(nest.body)
+                if isinstance(s, Let) and s.name == update.name]
+        assert len(lets) == 1 and len(lets[0]) == len(around) - 1
+
+
+def _square_buffers(onf, n=sym("n")):
+    return {b.name for b in onf.inputs + onf.outputs + onf.temps
+            if list(b.shape).count(n) >= 2}
+
+
+def _arrays_touched(onf):
+    touched = set()
+    for nest in onf.nests:
+        for s in walk(nest.body):
+            if isinstance(s, Store):
+                touched.add(s.array)
+            for e in ((s.value,) if isinstance(s, (Let, Update, Store)) else ()):
+                touched |= {x[1:] for x in S.free_names(e) if x.startswith("@")}
+    return touched
+
+
+@pytest.mark.parametrize("variant", ["naive", "dnf"])
+def test_only_naive_attention_has_n_by_n_temporaries(variant):
+    onf = realize(_dnf("attention_fwd", variant), variant,
+                  get_kernel("attention_fwd").variant(variant).schedule)
+    square = _square_buffers(onf)
+    if variant == "naive":
+        assert square == {"scores", "probs"} == {t.name for t in onf.temps}
+    else:
+        assert square == set() and onf.temps == ()
+    assert _arrays_touched(onf) == {"Q", "K", "V", "O"} | square
+
+
+# ---- accumulate ------------------------------------------------------------------------
+
+def test_accumulate_over_the_role_of_the_output_loop_keeps_the_value():
+    # C[i, c] = sum_c2 A[i, c2] B[c2, c]: the new reduction loop must not reuse c
+    A, B = array("A", "m", "k"), array("B", "k", "p")
+    spec = KernelSpec("mm", (A, B), (), (Output("C", inner(A, B, var="c"), ("i", "c")),))
+    onf = Accumulate("c", over="c")(initial_onf(psi_reduce(spec), "v"))
+    loops = [s.var.name for s in walk(onf.nests[0].body) if isinstance(s, Loop)]
+    assert sorted(loops) == ["c", "c", "c2", "i"]
+    a, b = _rng.standard_normal((3, 5)), _rng.standard_normal((5, 7))
+    np.testing.assert_allclose(run_onf(apply_layout(lower_reductions(onf)), {"A": a, "B": b},
+                                       {})["C"], a @ b, rtol=1e-13)
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+def _attention(variant="dnf"):
+    return initial_onf(_dnf("attention_fwd", variant), variant)
+
+
+@pytest.mark.parametrize("onf, transform, words", [
+    (_attention(), Accumulate("x", over="j"), "has no loop x whose body is a single store"),
+    (_attention(), Accumulate("c", over="k"), "of a reduction over k"),
+    (_attention(), Split("i", 0), "at least 1"),
+    (_attention(), Split("x", 2), "nest O has no loop x"),
+    (Split("i", 2)(_attention()), Split("i", 3), "loop i does not start at 0"),
+    (_scheduled("attention_fwd", "dnf"), Split("h", 2), "parallel iteration space"),
+    (Accumulate("c", over="j")(_attention()), Reorder(("b", "h", "i", "c")),
+     "the outermost perfectly nested loops of nest O are not b, c, h, i"),
+    (Split("i", 2)(_attention()), Reorder(("b", "h", "i", "i_blk")),
+     "the bounds of i depend on a loop that would be inside it"),
+    (_attention(), Parallel(("h", "i")), "does not start with the perfectly nested loops h, i"),
+    (_attention(), Parallel(("b", "i")), "does not start"),
+    (Accumulate("c", over="j")(_attention()), Parallel(("b", "h", "i", "c")), "does not start"),
+    (_attention(), Hoist(nest="scores"), "has no nest 'scores'; it has O"),
+    (_attention("naive"), Split("j", 2, nest="P"), "has no nest 'P'; it has scores, probs, O"),
+])
+def test_transformations_that_cannot_apply_raise(onf, transform, words):
+    with pytest.raises(ScheduleError) as info:
+        transform(onf)
+    assert words in str(info.value)
+
+
+def _by_hand(*body):
+    """A one-nest ONF computing y(m) from A(m, n)."""
+    m, n = sym("m"), sym("n")
+    return ONF("by_hand", "v", inputs=(Buffer("A", (m, n)),), outputs=(Buffer("y", (m,)),),
+               temps=(), sizes=(m, n), scalars=(), nests=(Nest("y", tuple(body), "by hand"),))
+
+
+I, J = sym("i"), sym("j")
+A_IJ = S.Access("A", (I, J))
+
+
+def _loop(var, stop, *body):
+    return Loop(var, sympy.Integer(0), stop, tuple(body))
+
+
+def test_a_row_sum_by_hand_runs_in_parallel():
+    onf = Parallel(("i",))(_by_hand(_loop(I, sym("m"), Let("s", S.Num(0.0)),
+                                          _loop(J, sym("n"), Update("s", "+", A_IJ)),
+                                          Store("y", (I,), S.Local("s")))))
+    a = _rng.standard_normal((3, 5))
+    for layout in ("row", "col"):
+        got = run_onf(apply_layout(replace(onf, layout=layout)), {"A": a}, {})
+        np.testing.assert_allclose(got["y"], a.sum(1), rtol=1e-13)
+
+
+@pytest.mark.parametrize("onf, transform, words", [
+    # every j would write the same y[i]
+    (_by_hand(_loop(I, sym("m"), _loop(J, sym("n"), Store("y", (I,), A_IJ)))),
+     Parallel(("i", "j")), "store to y is not indexed by j: parallel iterations would race"),
+    # s is not declared inside the parallel loop, so every i would update the same s
+    (_by_hand(_loop(I, sym("m"), Update("s", "+", S.Access("A", (I, 0))),
+                    Store("y", (I,), S.Local("s")))),
+     Parallel(("i",)), "s is shared by parallel iterations"),
+    # y[i] = sum over j < i + 1: the reduction loop cannot move outside the loop over i
+    (_by_hand(_loop(I, sym("m"), Store("y", (I,), S.Reduction("+", J, I + 1, A_IJ, "s")))),
+     Accumulate("i", over="j"), "the extent i + 1 of j depends on i"),
+])
+def test_transformations_on_hand_built_nests_that_cannot_apply_raise(onf, transform, words):
+    with pytest.raises(ScheduleError) as info:
+        transform(onf)
+    assert words in str(info.value)
