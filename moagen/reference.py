@@ -59,3 +59,22 @@ def attention_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False):
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
     out.backward(torch.from_numpy(dO))
     return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
+
+
+def attention_fwdbwd_numpy(Q, K, V, dO, scale, causal=False):
+    O = attention_fwd_numpy(Q, K, V, scale, causal)
+    lse = attention_lse_numpy(Q, K, scale, causal)
+    return (O, lse) + attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal)
+
+
+def attention_fwdbwd_torch(Q, K, V, dO, scale, causal=False):
+    import torch
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in (Q, K, V))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+    out.backward(torch.from_numpy(dO))
+    scores = (q @ k.transpose(-1, -2) * scale).detach()
+    if causal:
+        n = Q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return (out.detach().numpy(), lse.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy())

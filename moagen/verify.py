@@ -79,6 +79,12 @@ CHECKS = {
         sizes=ATTENTION_SIZES,
         inputs=_forward_of(causal),
     ) for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))},
+    **{name: Check(
+        scalars=_attention_scale,
+        references={"numpy": partial(reference.attention_fwdbwd_numpy, causal=causal),
+                    "torch": partial(reference.attention_fwdbwd_torch, causal=causal)},
+        sizes=ATTENTION_SIZES,
+    ) for name, causal in (("attention_fwdbwd", False), ("attention_fwdbwd_causal", True))},
     "rmsnorm_fwd": Check(
         scalars=lambda s: {"eps": 1e-5},
         references={"numpy": reference.rmsnorm_fwd_numpy, "torch": reference.rmsnorm_fwd_torch},

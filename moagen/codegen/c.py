@@ -4,6 +4,7 @@ import math
 from sympy.printing.c import C99CodePrinter
 
 from moagen.codegen.printer import Printer, render
+from moagen.errors import ScheduleError
 from moagen.onf.loops import Loop
 
 C_TYPE = {"float64": "double", "float32": "float"}
@@ -71,13 +72,18 @@ class CPrinter(Printer):
             return f"{name} += {value};"
         return f"{name} = {self.call(op, name, value)};"
 
-    def store(self, array, offset, value, accumulate):
+    def store(self, array, offset, value, accumulate, atomic):
         target = f"{array}[{offset}]"
         if accumulate is None:
-            return f"{target} = {value};"
+            return [f"{target} = {value};"]
         if accumulate == "+":
-            return f"{target} += {value};"
-        return f"{target} = {self.call(accumulate, target, value)};"
+            return self.atomic_add(target, value) if atomic else [f"{target} += {value};"]
+        if atomic:
+            raise ScheduleError(f"atomic {accumulate} updates are not supported")
+        return [f"{target} = {self.call(accumulate, target, value)};"]
+
+    def atomic_add(self, target, value):
+        return ["#pragma omp atomic", f"{target} += {value};"]
 
     # ---- expressions ------------------------------------------------------------------
     def load(self, array, offset):

@@ -23,7 +23,7 @@ class CudaPrinter(CPrinter):
             # a nest with no parallel loops runs on a single thread
             body = self.block(chain[-1].body if chain else nest.body, 1)
             count = self.index(sympy.Mul(*[lp.stop - lp.start for lp in chain]))
-            out.append({"name": f"{self.sig.name}_{nest.target}",
+            out.append({"name": f"{self.sig.name}_{nest.label.replace('.', '_')}",
                         "comment": self.comment(self.nest_comment(nest)), "count": count,
                         "prologue": self.thread_indices(chain, count), "body": body})
         return out
@@ -43,6 +43,9 @@ class CudaPrinter(CPrinter):
             lines.append(f"{pad}const int64_t {lp.var} = {start}{value};")
             stride = stride * extent
         return lines
+
+    def atomic_add(self, target, value):
+        return [f"atomicAdd(&{target}, {value});"]
 
     def _atom(self, e):
         text = self.index(e)

@@ -6,7 +6,7 @@ import math
 from sympy.printing.fortran import FCodePrinter
 
 from moagen.codegen.printer import Printer, render
-from moagen.errors import SpecError
+from moagen.errors import ScheduleError, SpecError
 from moagen.onf.loops import Loop
 
 KIND = {"float64": "c_double", "float32": "c_float"}
@@ -85,13 +85,15 @@ class FortranPrinter(Printer):
             return f"{name} = {name} + {value}"
         return f"{name} = {self.call(op, name, value)}"
 
-    def store(self, array, offset, value, accumulate):
+    def store(self, array, offset, value, accumulate, atomic):
         target = f"{array}({offset})"
         if accumulate is None:
-            return f"{target} = {value}"
+            return [f"{target} = {value}"]
         if accumulate == "+":
-            return f"{target} = {target} + {value}"
-        return f"{target} = {self.call(accumulate, target, value)}"
+            return (["!$omp atomic"] if atomic else []) + [f"{target} = {target} + {value}"]
+        if atomic:
+            raise ScheduleError(f"atomic {accumulate} updates are not supported")
+        return [f"{target} = {self.call(accumulate, target, value)}"]
 
     # ---- expressions ------------------------------------------------------------------
     def load(self, array, offset):
@@ -131,12 +133,15 @@ def _check_case_insensitive(onf, printer):
 
 
 def _wrap(line):
-    """Split a long statement with `&` continuations at spaces."""
-    if len(line) <= LINE or line.lstrip().startswith("!"):
+    """Split a long statement or OpenMP directive with `&` continuations at spaces."""
+    stripped = line.lstrip()
+    directive = stripped.startswith("!$omp")
+    if len(line) <= LINE or (stripped.startswith("!") and not directive):
         return [line]
-    pad = " " * (len(line) - len(line.lstrip()) + 4)
+    indent = " " * (len(line) - len(stripped))
     cut = line.rfind(" ", 0, LINE - 2)
-    return [line[:cut] + " &"] + _wrap(pad + "& " + line[cut + 1:])
+    rest = (indent + "!$omp& " if directive else indent + "    & ") + line[cut + 1:]
+    return [line[:cut] + " &"] + _wrap(rest)
 
 
 def emit_fortran(onfs_by_dtype, banner, module):

@@ -60,8 +60,8 @@ class Printer:
             elif isinstance(s, Update):
                 lines.append(pad + self.update(s.name, s.op, self.expr(s.value)))
             elif isinstance(s, Store):
-                lines.append(pad + self.store(s.array, self.index(s.index[0]), self.expr(s.value),
-                                              s.accumulate))
+                lines += [pad + line for line in self.store(
+                    s.array, self.index(s.index[0]), self.expr(s.value), s.accumulate, s.atomic)]
         return lines
 
     def loop(self, loop: Loop, depth) -> list:
@@ -73,7 +73,8 @@ class Printer:
     def update(self, name, op, value) -> str:
         raise NotImplementedError
 
-    def store(self, array, offset, value, accumulate) -> str:
+    def store(self, array, offset, value, accumulate, atomic) -> list:
+        """The lines of one store (an atomic update may take a directive line)."""
         raise NotImplementedError
 
     # ---- expressions ------------------------------------------------------------------
@@ -138,7 +139,7 @@ class Printer:
 
     # ---- shared helpers -----------------------------------------------------------------
     def nest_comment(self, nest):
-        return [f"{nest.target}: from the DNF"] + nest.origin.splitlines()
+        return [f"{nest.label}: from the DNF"] + nest.origin.splitlines()
 
     def locals_in(self, stmts):
         """The locals a block declares, in order of first appearance."""

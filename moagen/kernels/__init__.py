@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import attention, attention_bwd, rmsnorm
+from moagen.kernels import attention, attention_bwd, attention_fwdbwd, rmsnorm
 from moagen.moa.spec import KernelSpec
 
 
@@ -40,7 +40,8 @@ def _kernel(spec, variants) -> Kernel:
 
 
 # each kernel module lists its (spec, variants) pairs
-KERNELS = {k.name: k for module in (attention, attention_bwd, rmsnorm) for k in
+KERNELS = {k.name: k for module in (attention, attention_bwd, attention_fwdbwd, rmsnorm)
+           for k in
            (_kernel(spec, variants) for spec, variants in module.KERNELS)}
 
 

@@ -17,12 +17,18 @@ def causal_mask(scores):
     return where(outer(">=", iota("n"), iota("n")), scores, float("-inf"))
 
 
-def _one_head(q, k, v, causal):
+def softmax_parts(q, k, causal):
+    """The scaled (masked) scores and the stable softmax's row max, weights and row sum."""
     scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
     scores = named("scores", causal_mask(scores) if causal else scores, index=("i", "j"))
     row_max = reduce("max", scores, axis=1, var="j", name="row_max")
     weights = exp(omega("-", scores, row_max))
     row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
+    return row_max, weights, row_sum
+
+
+def _one_head(q, k, v, causal):
+    _, weights, row_sum = softmax_parts(q, k, causal)
     probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
     return inner(probs, v, var="j", name="acc")
 

@@ -10,6 +10,7 @@ the output gradient dO (per batch and head; optionally causal):
 from moagen.kernels.attention import K, Q, V, causal_mask
 from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
 from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 
 O = array("O", "batch", "heads", "n", "d")
@@ -58,6 +59,14 @@ VARIANTS = {
     # each softmax row recomputed from Q, K and lse; only delta (one number a row) is stored
     "dnf": (frozenset({"delta"}),
             SPREAD + (Hoist(), Parallel(("b", "h", "i"), nest="delta")) + OWNERS),
+    # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
+    # the fused kernel's atomics are counted against
+    "atomic": (frozenset({"delta"}), (
+        Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
+        Scatter("dK", over="i", outer=("b", "h")),
+        FuseNests(("dQ", "dK"), over=("b", "h", "i"), name="rows"),
+        Hoist(), Parallel(("b", "h", "i"), nest="delta"), Parallel(("b", "h", "i"), nest="rows"),
+        Parallel(("b", "h", "j"), nest="dK.zero"), Parallel(("b", "h", "j"), nest="dV"))),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

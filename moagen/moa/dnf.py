@@ -39,7 +39,7 @@ class Definition:
 @dataclass(frozen=True)
 class DNF:
     spec: KernelSpec
-    definitions: Tuple[Definition, ...]  # temporaries first, in the order they are needed
+    definitions: Tuple[Definition, ...]  # in the order they are needed
 
     @property
     def temps(self):
@@ -54,12 +54,12 @@ def psi_reduce(spec: KernelSpec, materialize=frozenset()) -> DNF:
         raise SpecError(f"{spec.name}: cannot materialize {sorted(unknown)}: the spec names "
                         f"only {sorted(labels) or 'no intermediates'}")
     reducer = _Reducer(spec, frozenset(materialize))
-    outputs = []
     for o in spec.outputs:
         index = tuple(E.sym(n) for n in o.index)
         body = reducer.psi(index, o.value, ())
-        outputs.append(Definition(o.name, index, shape_of(o.value), body, temp=False))
-    return DNF(spec, tuple(reducer.temps.values()) + tuple(outputs))
+        if body != S.Access(o.name, index):  # else the output was defined where it is Named
+            reducer.define(Definition(o.name, index, shape_of(o.value), body, temp=False))
+    return DNF(spec, tuple(reducer.definitions.values()))
 
 
 # env: the enclosing Lifts, as (var symbol, extent, the index expression bound to it)
@@ -72,7 +72,15 @@ class _Reducer:
         self.reserved = ({s.name for s in spec.sizes} | {a.name for a in spec.inputs}
                          | set(spec.scalars) | {o.name for o in spec.outputs}
                          | {i for o in spec.outputs for i in o.index})
-        self.temps: Dict[str, Definition] = {}
+        self.outputs = {o.name for o in spec.outputs}
+        self.in_condition = False  # comparisons are values only inside a Where's condition
+        self.definitions: Dict[str, Definition] = {}  # temporaries and outputs, in order
+
+    def define(self, definition: Definition):
+        if definition.target in self.definitions:
+            raise SpecError(f"{definition.target} is defined twice: an output's Named "
+                            f"intermediate must be that output's own value")
+        self.definitions[definition.target] = definition
 
     def fresh(self, hint) -> sympy.Symbol:
         """A bound variable named after its role, distinct from every other name in the DNF
@@ -123,7 +131,9 @@ class _Reducer:
         if isinstance(node, E.Iota):
             return S.Dim(idx[0])
         if isinstance(node, E.Where):
+            self.in_condition = True
             cond = self._operand(idx, node.cond, env)
+            self.in_condition = False
             if not (isinstance(cond, S.Bin) and cond.op in E.COMPARISONS
                     and isinstance(cond.left, S.Dim) and isinstance(cond.right, S.Dim)):
                 raise SpecError("Where needs a comparison of indices (built from iota) as its "
@@ -131,6 +141,9 @@ class _Reducer:
             relation = sympy.core.relational.Relational(cond.left.value, cond.right.value, cond.op)
             return S.Select(relation, self._operand(idx, node.then, env),
                             self._operand(idx, node.other, env))
+        if isinstance(node, (E.BinOp, E.Outer)) and node.op in E.COMPARISONS \
+                and not self.in_condition:
+            raise SpecError(f"{E.describe(node)}: a comparison can only be a Where's condition")
         if isinstance(node, E.BinOp):
             return S.Bin(node.op, self._operand(idx, node.left, env),
                          self._operand(idx, node.right, env))
@@ -163,7 +176,8 @@ class _Reducer:
                           for i, (v, ext) in enumerate(zip(node.vars, node.extents)))
             return self.psi(idx[k:], node.body, env + bound)
         if isinstance(node, E.Named):
-            if node.label not in self.materialize:
+            # an intermediate that is also an output lives in that output, in every variant
+            if node.label not in self.materialize and node.label not in self.outputs:
                 return self.psi(idx, node.value, env)
             self._define_temp(node, env)
             return S.Access(node.label, tuple(v for _, _, v in env) + idx)
@@ -174,7 +188,7 @@ class _Reducer:
         return self.psi(idx if shape_of(node) else (), node, env)
 
     def _define_temp(self, node: E.Named, env: Env):
-        if node.label in self.temps:
+        if node.label in self.definitions:
             return
         shape = shape_of(node.value)
         if len(node.index) < len(shape):
@@ -185,9 +199,9 @@ class _Reducer:
         self.reserved |= {v.name for v in own} | {var.name for var, _, _ in env}
         identity_env = tuple((var, ext, var) for var, ext, _ in env)
         body = self.psi(own, node.value, identity_env)
-        self.temps[node.label] = Definition(
-            node.label, tuple(var for var, _, _ in env) + own,
-            tuple(ext for _, ext, _ in env) + shape, body, temp=True)
+        self.define(Definition(node.label, tuple(var for var, _, _ in env) + own,
+                               tuple(ext for _, ext, _ in env) + shape, body,
+                               temp=node.label not in self.outputs))
 
 
 def _put(idx, ax, value):

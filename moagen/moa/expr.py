@@ -18,7 +18,7 @@ Shape = Tuple[sympy.Expr, ...]
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "min")
 COMPARISONS = ("<", "<=", ">", ">=")  # only in a Where's condition, on indices
-UNARY_FNS = ("exp", "sqrt", "rsqrt", "silu", "neg")
+UNARY_FNS = ("exp", "log", "sqrt", "rsqrt", "silu", "neg")
 REDUCE_OPS = ("+", "max")
 
 
@@ -335,6 +335,10 @@ def named(label, value, index=("i", "j", "k", "l")) -> Named:
 
 def exp(a):
     return Map("exp", as_expr(a))
+
+
+def log(a):
+    return Map("log", as_expr(a))
 
 
 def sqrt(a):

@@ -53,6 +53,7 @@ class Store(Stmt):
     index: Tuple[sympy.Expr, ...]  # a multi-index until the layout step, then (offset,)
     value: S.ScalarExpr
     accumulate: Optional[str] = None  # None: plain store; "+" / "max": accumulate
+    atomic: bool = False  # an accumulation other parallel iterations may race with
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,11 @@ class Nest:
     target: str  # the array the nest defines
     body: Tuple[Stmt, ...]
     origin: str  # the DNF line it came from, printed as a comment above the nest
+    name: str = ""  # how schedules refer to it, when not by its target
+
+    @property
+    def label(self):
+        return self.name or self.target
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,21 @@ def format_onf(onf: ONF) -> str:
              f"  outputs:  {buffers(onf.outputs)}",
              f"  temps:    {buffers(onf.temps)}",
              f"  scalars:  {', '.join(onf.scalars) or '(none)'}",
-             f"  schedule: {'; '.join(onf.schedule) or '(none)'}"]
+             f"  schedule: {'; '.join(onf.schedule) or '(none)'}",
+             f"  atomics:  {_format_atomics(onf)}"]
     for nest in onf.nests:
-        lines += ["", f"nest {nest.target}: from {nest.origin}"]
+        lines += ["", f"nest {nest.label}: from {nest.origin}"]
         lines += _format_block(nest.body, 1)
     return "\n".join(lines) + "\n"
+
+
+def _format_atomics(onf):
+    from moagen.onf.count import atomic_updates  # count walks this module's IR
+    counts = atomic_updates(onf)
+    if not counts:
+        return "none"
+    total = sympy.factor(sum(counts.values()))
+    return f"{total} ({', '.join(f'{a}: {c}' for a, c in counts.items())})"
 
 
 def _format_block(stmts, depth):
@@ -158,6 +174,7 @@ def _format_block(stmts, depth):
             out.append(f"{pad}{s.name} {op} {format_scalar(s.value, indent=len(pad))}")
         elif isinstance(s, Store):
             op = {None: "=", "+": "+="}.get(s.accumulate, f"{s.accumulate}=")
-            out.append(f"{pad}{s.array}[{', '.join(map(str, s.index))}] {op} "
+            atomic = "atomic " if s.atomic else ""
+            out.append(f"{pad}{atomic}{s.array}[{', '.join(map(str, s.index))}] {op} "
                        f"{format_scalar(s.value, indent=len(pad))}")
     return out

@@ -47,10 +47,10 @@ class Transform:
     nest: Optional[str] = None
 
     def __call__(self, onf: ONF) -> ONF:
-        chosen = [n for n in onf.nests if self.nest is None or n.target == self.nest]
+        chosen = [n for n in onf.nests if self.nest is None or n.label == self.nest]
         if not chosen:
             raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest!r}; it has "
-                                f"{', '.join(n.target for n in onf.nests)}")
+                                f"{', '.join(n.label for n in onf.nests)}")
         names = kernel_names(onf)
         nests = [replace(n, body=self.nest_fn(n, names)) if n in chosen else n for n in onf.nests]
         return onf.with_nests(nests, str(self))
@@ -81,7 +81,7 @@ class Accumulate(Transform):
         body = _rewrite_loops(nest.body, self.loop,
                               lambda lp, scope: self._interchange(lp, scope, names, done))
         if not done:
-            raise ScheduleError(f"{self}: nest {nest.target} has no loop {self.loop} whose body is "
+            raise ScheduleError(f"{self}: nest {nest.label} has no loop {self.loop} whose body is "
                                 f"a single store of a reduction over {self.over}")
         return body
 
@@ -147,7 +147,7 @@ def _hoist_block(stmts, names):
             pre = []
             stmt = map_stmt_exprs(s, lambda e: _extract(e, frozenset(), False, pre, names))
             out += pre + [stmt]
-    return _cse(out)
+    return _share_subexpressions(_cse(out), names)
 
 
 def _hoist_out_of_loop(body, var, names):
@@ -229,7 +229,7 @@ class Split(Transform):
 
         body = _rewrite_loops(nest.body, self.var, split)
         if not done:
-            raise ScheduleError(f"{self}: nest {nest.target} has no loop {self.var}")
+            raise ScheduleError(f"{self}: nest {nest.label} has no loop {self.var}")
         # splitting a parallel loop other than the innermost makes the tile loop's bounds
         # depend on the block loop, which neither OpenMP's collapse nor CUDA can map
         for lp in walk(body):
@@ -296,13 +296,13 @@ class Parallel(Transform):
     def nest_fn(self, nest, names):
         chain = _perfect_chain(nest.body, len(self.vars))
         if not chain or [lp.var.name for lp in chain] != list(self.vars):
-            raise ScheduleError(f"{self}: nest {nest.target} does not start with the perfectly "
+            raise ScheduleError(f"{self}: nest {nest.label} does not start with the perfectly "
                                 f"nested loops {', '.join(self.vars)}")
         _check_rectangular(self, chain)
         inner = chain[-1].body
         lets = {s.name for s in walk(inner) if isinstance(s, Let)}
         for s in walk(inner):
-            if isinstance(s, Store):
+            if isinstance(s, Store) and not s.atomic:
                 used = set().union(*(sympy.sympify(i).free_symbols for i in s.index))
                 missing = [lp.var.name for lp in chain if lp.var not in used]
                 if missing:
@@ -311,3 +311,56 @@ class Parallel(Transform):
             if isinstance(s, Update) and s.name not in lets:
                 raise ScheduleError(f"{self}: {s.name} is shared by parallel iterations")
         return (replace(chain[0], parallel=len(chain)),)
+
+
+def _share_subexpressions(block, names):
+    """Compute a value that two statements of a block share (the probability inside both
+    dS and the dV update) once, in a local before the first of them. Reduction bodies are
+    not searched: their values depend on the bound variable."""
+    block = list(block)
+    changing = {s.name for s in walk(block) if isinstance(s, Update)}
+    changing |= {"@" + s.array for s in walk(block) if isinstance(s, Store)}
+    while True:
+        seen = {}  # alpha key -> [occurrences, first statement, size, expression]
+        for pos, s in enumerate(block):
+            for e in _exprs(s):
+                for sub in _shareable(e):
+                    if not S.free_names(sub) & changing:
+                        seen.setdefault(S.alpha_key(sub), [0, pos, _size(sub), sub])[0] += 1
+        repeated = [v for v in seen.values() if v[0] > 1]
+        if not repeated:
+            return tuple(block)
+        _, pos, _, expr = max(repeated, key=lambda v: v[2])
+        key = S.alpha_key(expr)
+        first = block[pos]
+        if isinstance(first, Let) and S.alpha_key(first.value) == key:
+            name, start = first.name, pos + 1  # the first use already names the value
+        else:
+            name = names.claim(names.new(expr.name if isinstance(expr, S.Reduction) else "t"))
+            names.locals.add(name)
+            block.insert(pos, Let(name, expr))
+            start = pos + 1
+        block[start:] = [map_stmt_exprs(s, lambda e: _replace(e, key, S.Local(name)))
+                         if not isinstance(s, Loop) else s for s in block[start:]]
+
+
+def _shareable(e):
+    """The non-leaf subexpressions of e, outside reduction bodies."""
+    if isinstance(e, S.LEAVES):
+        return
+    yield e
+    if not isinstance(e, S.Reduction):
+        for c in S.children(e):
+            yield from _shareable(c)
+
+
+def _replace(e, key, local):
+    if not isinstance(e, S.LEAVES) and S.alpha_key(e) == key:
+        return local
+    if isinstance(e, S.Reduction):
+        return e
+    return S.map_children(e, lambda c: _replace(c, key, local))
+
+
+def _size(e):
+    return 1 + sum(_size(c) for c in S.children(e))

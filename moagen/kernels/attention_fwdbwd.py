@@ -1,0 +1,60 @@
+"""Fused attention forward + backward: from Q, K, V and dO, one call computes O, the per-row
+logsumexp and dQ, dK, dV, keeping memory O(n d): each softmax row is recomputed, never
+stored. Two ONFs of the same DNF:
+
+- atomic: parallel over (batch, head, query row); every row adds its share to every key
+  row of dK and dV, so those updates are atomic (the paper's measured regression);
+- owner: the forward and delta per query row; then dK and dV parallel over key rows, each
+  thread owning its rows (no atomics); then dQ in a second pass over query rows. No
+  atomics at all, so the result does not depend on thread timing.
+"""
+from moagen.kernels.attention import K, Q, V, softmax_parts
+from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.moa.expr import inner, lift, log, named, omega, psi
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.fusion import FuseNests, Scatter
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
+
+
+def _one_head(q, k, v, do, causal):
+    row_max, weights, row_sum = softmax_parts(q, k, causal)
+    o = named("O", inner(omega("/", weights, row_sum), v, var="j", name="acc"), index=("i", "c"))
+    lse = named("lse", row_max + log(row_sum), index=("i",))
+    return (o, lse) + gradients(q, k, v, o, do, lse, causal)
+
+
+def spec(causal: bool) -> KernelSpec:
+    o, lse, dq, dk, dv = _one_head(*(psi(BH, a) for a in (Q, K, V, DO)), causal)
+    rows, keys = ("b", "h", "i", "c"), ("b", "h", "j", "c")
+    return KernelSpec(
+        name="attention_fwdbwd_causal" if causal else "attention_fwdbwd",
+        inputs=(Q, K, V, DO),
+        scalars=("scale",),
+        outputs=(Output("O", lift(BH, EXTENTS, o), rows),
+                 Output("lse", lift(BH, EXTENTS, lse), ("b", "h", "i")),
+                 Output("dQ", lift(BH, EXTENTS, dq), rows),
+                 Output("dK", lift(BH, EXTENTS, dk), keys),
+                 Output("dV", lift(BH, EXTENTS, dv), keys)),
+    )
+
+
+QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
+VARIANTS = {
+    "atomic": (frozenset(), (
+        Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+        Scatter("dK", over="i", outer=("b", "h")), Scatter("dV", over="i", outer=("b", "h")),
+        FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
+        Hoist(),
+        Parallel(QUERY_ROWS, nest="rows"),
+        Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero"))),
+    "owner": (frozenset({"delta"}), (
+        Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+        Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
+        FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
+        FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
+        Hoist(),
+        Parallel(QUERY_ROWS, nest="forward"), Parallel(KEY_ROWS, nest="keys"),
+        Parallel(QUERY_ROWS, nest="dQ"))),
+}
+
+KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

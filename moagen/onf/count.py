@@ -1,0 +1,36 @@
+"""Counting from the ONF: how many times each statement runs, as a symbolic expression in
+the kernel's sizes. The atomic updates a variant performs are read off here, not typed in."""
+from typing import Dict
+
+import sympy
+
+from moagen.onf.loops import Loop, ONF, Store
+
+
+def executions(stmts, predicate, multiplier=sympy.Integer(1)) -> Dict[str, sympy.Expr]:
+    """For each statement matching predicate, keyed by its array or local name: how often
+    it runs. A loop whose bounds depend on an enclosing loop is summed, not multiplied."""
+    counts: Dict[str, sympy.Expr] = {}
+    for s in stmts:
+        if isinstance(s, Loop):
+            inner = executions(s.body, predicate)
+            for key, count in inner.items():
+                if s.var in count.free_symbols:
+                    total = sympy.summation(count, (s.var, s.start, s.stop - 1))
+                else:
+                    total = count * (s.stop - s.start)
+                counts[key] = counts.get(key, 0) + multiplier * total
+        elif predicate(s):
+            key = getattr(s, "array", None) or s.name
+            counts[key] = counts.get(key, 0) + multiplier
+    return {k: sympy.factor(v) for k, v in counts.items()}
+
+
+def atomic_updates(onf: ONF) -> Dict[str, sympy.Expr]:
+    """Atomic updates per array over one call."""
+    is_atomic = lambda s: isinstance(s, Store) and s.atomic
+    totals: Dict[str, sympy.Expr] = {}
+    for nest in onf.nests:
+        for key, count in executions(nest.body, is_atomic).items():
+            totals[key] = sympy.factor(totals.get(key, 0) + count)
+    return totals

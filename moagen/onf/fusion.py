@@ -1,0 +1,191 @@
+"""Schedule transformations over several nests: scatter a reduction (parallel over what it
+sums, with atomic updates) and fuse nests that share their outer loops."""
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.onf.loops import Let, Loop, Nest, ONF, Store, Update, walk
+from moagen.onf.names import base_name
+from moagen.onf.schedule import _perfect_chain
+
+
+def _nest(onf, label):
+    for n in onf.nests:
+        if n.label == label:
+            return n
+    raise ScheduleError(f"{onf.name} has no nest {label!r}; it has "
+                        f"{', '.join(n.label for n in onf.nests)}")
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """`for outer.., for rows.., out[.., row, ..] = sum_i f(i, row)` becomes a nest that zeroes
+    `out` (named `<nest>.zero`) and a nest `for outer.., for i, for rows..: out[..] += f`, its
+    updates atomic: iterations of i, run in parallel, add to the same rows. This is the
+    backward's dK and dV under a loop over query rows."""
+    nest: str
+    over: str
+    outer: Tuple[str, ...]  # loops kept outside the new reduction loop (batch, head)
+
+    def __str__(self):
+        return f"scatter({self.nest}, over={self.over}, outer=({', '.join(self.outer)}))"
+
+    def __call__(self, onf: ONF) -> ONF:
+        nest = _nest(onf, self.nest)
+        store = next((s for s in walk(nest.body) if isinstance(s, Store)), None)
+        loops = _perfect_chain(nest.body, len(store.index) if store else 0)
+        red = store.value if store else None
+        if (loops is None or store.accumulate or not isinstance(red, S.Reduction)
+                or red.op != "+" or base_name(red.var.name) != self.over):
+            raise ScheduleError(f"{self}: nest {self.nest} is not a store of a sum over "
+                                f"{self.over} inside its output loops")
+        names = [lp.var.name for lp in loops]
+        if names[:len(self.outer)] != list(self.outer):
+            raise ScheduleError(f"{self}: nest {self.nest}'s outer loops are {names}")
+        if red.extent.free_symbols & {lp.var for lp in loops}:
+            raise ScheduleError(f"{self}: the extent of {red.var} depends on an output index")
+        taken = {lp.var.name for lp in loops}
+        var = sympy.Symbol(self.over if self.over not in taken else red.var.name, integer=True)
+        zero = replace(store, value=S.Num(0.0))
+        update = replace(store, value=S.subs(red.body, {red.var: var}), accumulate="+",
+                         atomic=True)
+        body = (update,)
+        for lp in reversed(loops[len(self.outer):]):
+            body = (replace(lp, body=body),)
+        body = (Loop(var, sympy.Integer(0), red.extent, body),)
+        for lp in reversed(loops[:len(self.outer)]):
+            body = (replace(lp, body=body),)
+        nests = []
+        for n in onf.nests:
+            if n is nest:
+                nests += [Nest(n.target, _rebuild(loops, (zero,)), f"{n.target} = 0",
+                               f"{n.label}.zero"), replace(n, body=body)]
+            else:
+                nests.append(n)
+        return onf.with_nests(nests, str(self))
+
+
+def _rebuild(loops, body):
+    for lp in reversed(loops):
+        body = (replace(lp, body=body),)
+    return body
+
+
+@dataclass(frozen=True)
+class FuseNests:
+    """Run several nests as one: they must start with the same loops `over`, and a later
+    nest may read what an earlier one wrote only at the same iteration of those loops
+    (the backward reading the forward's O and lse of the same row). Inside, sibling loops
+    over the same range are fused wherever they are independent."""
+    nests: Tuple[str, ...]
+    over: Tuple[str, ...]
+    name: str
+
+    def __str__(self):
+        return f"fuse({', '.join(self.nests)}, over=({', '.join(self.over)}))"
+
+    def __call__(self, onf: ONF) -> ONF:
+        chosen = [_nest(onf, label) for label in self.nests]
+        chains = [_perfect_chain(n.body, len(self.over)) for n in chosen]
+        for n, chain in zip(chosen, chains):
+            if chain is None or [lp.var.name for lp in chain] != list(self.over):
+                raise ScheduleError(f"{self}: nest {n.label} does not start with the loops "
+                                    f"{', '.join(self.over)}")
+            if [(lp.start, lp.stop) for lp in chain] != [(lp.start, lp.stop) for lp in chains[0]]:
+                raise ScheduleError(f"{self}: nest {n.label}'s loops have other bounds")
+        self._check_same_iteration(chosen, chains[0])
+        order = sorted(chosen, key=onf.nests.index)
+        self._check_movable(onf, order)
+        body = _fuse_siblings([s for n in order for s in _perfect_chain(n.body, len(self.over))[-1].body])
+        fused = Nest(order[0].target, _rebuild(chains[0], body),
+                     "\n".join(n.origin for n in order), self.name)
+        # the fused nest runs where the last of its members ran
+        nests = [fused if n is order[-1] else n for n in onf.nests if n not in order[:-1]]
+        return onf.with_nests(nests, str(self))
+
+    def _check_movable(self, onf, order):
+        """Members run later than before: no nest they move past may touch what they write
+        or write what they read."""
+        last = onf.nests.index(order[-1])
+        for member in order[:-1]:
+            for other in onf.nests[onf.nests.index(member) + 1:last]:
+                if other not in order and not _independent(_as_block(member), _as_block(other)):
+                    raise ScheduleError(f"{self}: nest {member.label} cannot move past nest "
+                                        f"{other.label}, which shares data with it")
+
+    def _check_same_iteration(self, chosen, chain):
+        written = set()
+        own = {lp.var for lp in chain}
+        for n in chosen:
+            for s in walk(n.body):
+                for e in (s.value,) if isinstance(s, (Let, Update, Store)) else ():
+                    for access in _accesses(e):
+                        if access.array in written and not own <= _index_symbols(access.index):
+                            raise ScheduleError(
+                                f"{self}: nest {n.label} reads {access.array} at another "
+                                f"iteration of {', '.join(self.over)} than the one writing it")
+            written |= {s.array for s in walk(n.body) if isinstance(s, Store)}
+
+
+def _as_block(nest):
+    return Loop(sympy.Symbol("_nest"), sympy.Integer(0), sympy.Integer(1), nest.body)
+
+
+def _accesses(e):
+    if isinstance(e, S.Access):
+        yield e
+    for c in S.children(e):
+        yield from _accesses(c)
+
+
+def _index_symbols(index):
+    return {i for i in index if isinstance(i, sympy.Symbol)}
+
+
+def _fuse_siblings(block):
+    """Merge each loop into the nearest earlier sibling over the same range when neither
+    depends on the other nor on anything between them; then fuse inside the merged body."""
+    out = []
+    for s in block:
+        target = _fusion_partner(out, s) if isinstance(s, Loop) else None
+        if target is None:
+            out.append(s)
+        else:
+            out[target] = replace(out[target], body=_fuse_siblings(out[target].body + s.body))
+    return tuple(out)
+
+
+def _fusion_partner(out, loop):
+    for pos in range(len(out) - 1, -1, -1):
+        other = out[pos]
+        if (isinstance(other, Loop) and other.var == loop.var and other.start == loop.start
+                and other.stop == loop.stop and not other.parallel and not loop.parallel):
+            return pos if _independent(other, loop) else None
+        if not _independent(other, loop):
+            return None
+    return None
+
+
+def _independent(a, b) -> bool:
+    """No value flows between a and b and they write different things."""
+    reads_a, writes_a = _effects(a)
+    reads_b, writes_b = _effects(b)
+    return not (writes_a & (reads_b | writes_b) or writes_b & reads_a)
+
+
+def _effects(stmt):
+    reads, writes = set(), set()
+    for s in walk([stmt]):
+        if isinstance(s, (Let, Update, Store)):
+            reads |= S.free_names(s.value)
+        if isinstance(s, (Let, Update)):
+            writes.add(s.name)
+        if isinstance(s, Store):
+            writes.add("@" + s.array)
+            if s.accumulate:
+                reads.add("@" + s.array)
+            reads |= {x.name for i in s.index for x in sympy.sympify(i).free_symbols}
+    return reads, writes
