@@ -15,6 +15,7 @@ __global__ void attention_fwd_causal_naive_f64_scores(
     const double *__restrict__ K,
     const double *__restrict__ V,
     double *__restrict__ O,
+    double *__restrict__ lse,
     double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
@@ -52,6 +53,7 @@ __global__ void attention_fwd_causal_naive_f64_probs(
     const double *__restrict__ K,
     const double *__restrict__ V,
     double *__restrict__ O,
+    double *__restrict__ lse,
     double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
@@ -87,6 +89,7 @@ __global__ void attention_fwd_causal_naive_f64_O(
     const double *__restrict__ K,
     const double *__restrict__ V,
     double *__restrict__ O,
+    double *__restrict__ lse,
     double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
@@ -110,6 +113,48 @@ __global__ void attention_fwd_causal_naive_f64_O(
     }
 }
 
+/* lse: from the DNF
+ * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            (<b h i j6> psi scores)
+ *                            - max[j7 < n]((<b h i j7> psi scores))
+ *                        )
+ *                    )
+ *                )
+ */
+__global__ void attention_fwd_causal_naive_f64_lse(
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    double *__restrict__ O,
+    double *__restrict__ lse,
+    double *__restrict__ scores,
+    double *__restrict__ probs,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t d,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*n) return;
+    const int64_t i = tid % n;
+    const int64_t h = (tid / n) % heads;
+    const int64_t b = (tid / (heads*n));
+    double row_max2 = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+        row_max2 = fmax(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+    }
+    double row_sum2 = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        row_sum2 += exp(scores[j + n*(i + n*(b*heads + h))] - row_max2);
+    }
+    lse[i + n*(b*heads + h)] = row_max2 + log(row_sum2);
+}
+
 /* Runs the nests in order on the current device; the pointers are device pointers.
  * Returns 0 or the cudaError_t of the first failure. */
 extern "C" int attention_fwd_causal_naive_f64(
@@ -117,6 +162,7 @@ extern "C" int attention_fwd_causal_naive_f64(
     const double *__restrict__ K,
     const double *__restrict__ V,
     double *__restrict__ O,
+    double *__restrict__ lse,
     double *__restrict__ scores,
     double *__restrict__ probs,
     int64_t batch,
@@ -130,21 +176,28 @@ extern "C" int attention_fwd_causal_naive_f64(
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f64_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f64_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f64_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*heads*n;
+        attention_fwd_causal_naive_f64_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
@@ -159,6 +212,7 @@ __global__ void attention_fwd_causal_naive_f32_scores(
     const float *__restrict__ K,
     const float *__restrict__ V,
     float *__restrict__ O,
+    float *__restrict__ lse,
     float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
@@ -196,6 +250,7 @@ __global__ void attention_fwd_causal_naive_f32_probs(
     const float *__restrict__ K,
     const float *__restrict__ V,
     float *__restrict__ O,
+    float *__restrict__ lse,
     float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
@@ -231,6 +286,7 @@ __global__ void attention_fwd_causal_naive_f32_O(
     const float *__restrict__ K,
     const float *__restrict__ V,
     float *__restrict__ O,
+    float *__restrict__ lse,
     float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
@@ -254,6 +310,48 @@ __global__ void attention_fwd_causal_naive_f32_O(
     }
 }
 
+/* lse: from the DNF
+ * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            (<b h i j6> psi scores)
+ *                            - max[j7 < n]((<b h i j7> psi scores))
+ *                        )
+ *                    )
+ *                )
+ */
+__global__ void attention_fwd_causal_naive_f32_lse(
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    float *__restrict__ O,
+    float *__restrict__ lse,
+    float *__restrict__ scores,
+    float *__restrict__ probs,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t d,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*n) return;
+    const int64_t i = tid % n;
+    const int64_t h = (tid / n) % heads;
+    const int64_t b = (tid / (heads*n));
+    float row_max2 = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+        row_max2 = fmaxf(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+    }
+    float row_sum2 = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        row_sum2 += expf(scores[j + n*(i + n*(b*heads + h))] - row_max2);
+    }
+    lse[i + n*(b*heads + h)] = row_max2 + logf(row_sum2);
+}
+
 /* Runs the nests in order on the current device; the pointers are device pointers.
  * Returns 0 or the cudaError_t of the first failure. */
 extern "C" int attention_fwd_causal_naive_f32(
@@ -261,6 +359,7 @@ extern "C" int attention_fwd_causal_naive_f32(
     const float *__restrict__ K,
     const float *__restrict__ V,
     float *__restrict__ O,
+    float *__restrict__ lse,
     float *__restrict__ scores,
     float *__restrict__ probs,
     int64_t batch,
@@ -274,21 +373,28 @@ extern "C" int attention_fwd_causal_naive_f32(
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f32_scores<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f32_probs<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         attention_fwd_causal_naive_f32_O<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            Q, K, V, O, scores, probs, batch, heads, n, d, scale);
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*heads*n;
+        attention_fwd_causal_naive_f32_lse<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }

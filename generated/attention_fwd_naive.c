@@ -11,6 +11,7 @@ void attention_fwd_naive_f64(
     const double *restrict K,
     const double *restrict V,
     double *restrict O,
+    double *restrict lse,
     double *restrict scores,
     double *restrict probs,
     int64_t batch,
@@ -81,6 +82,33 @@ void attention_fwd_naive_f64(
             }
         }
     }
+    /* lse: from the DNF
+     * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            (<b h i j6> psi scores)
+     *                            - max[j7 < n]((<b h i j7> psi scores))
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                double row_max2 = -INFINITY;
+                for (int64_t j = 0; j < n; ++j) {
+                    row_max2 = fmax(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+                }
+                double row_sum2 = 0.0;
+                for (int64_t j = 0; j < n; ++j) {
+                    row_sum2 += exp(scores[j + n*(i + n*(b*heads + h))] - row_max2);
+                }
+                lse[i + n*(b*heads + h)] = row_max2 + log(row_sum2);
+            }
+        }
+    }
 }
 
 void attention_fwd_naive_f32(
@@ -88,6 +116,7 @@ void attention_fwd_naive_f32(
     const float *restrict K,
     const float *restrict V,
     float *restrict O,
+    float *restrict lse,
     float *restrict scores,
     float *restrict probs,
     int64_t batch,
@@ -155,6 +184,33 @@ void attention_fwd_naive_f32(
                     }
                     O[c + d*(i + n*(b*heads + h))] = acc;
                 }
+            }
+        }
+    }
+    /* lse: from the DNF
+     * lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            (<b h i j6> psi scores)
+     *                            - max[j7 < n]((<b h i j7> psi scores))
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                float row_max2 = -INFINITY;
+                for (int64_t j = 0; j < n; ++j) {
+                    row_max2 = fmaxf(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+                }
+                float row_sum2 = 0.0f;
+                for (int64_t j = 0; j < n; ++j) {
+                    row_sum2 += expf(scores[j + n*(i + n*(b*heads + h))] - row_max2);
+                }
+                lse[i + n*(b*heads + h)] = row_max2 + logf(row_sum2);
             }
         }
     }

@@ -9,7 +9,7 @@ module moagen_kernels
 
 contains
 
-  subroutine attention_fwd_naive_f64(Q, K, V, O, scores, probs, batch, heads, n, d, scale) &
+  subroutine attention_fwd_naive_f64(Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale) &
       bind(C, name="attention_fwd_naive_f64")
     integer(c_int64_t), value, intent(in) :: batch, heads, n, d
     real(c_double), value, intent(in) :: scale
@@ -17,10 +17,11 @@ contains
     real(c_double), intent(in) :: K(0:batch * heads * n * d - 1)
     real(c_double), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_double), intent(out) :: O(0:batch * heads * n * d - 1)
+    real(c_double), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_double), intent(out) :: scores(0:batch * heads * n * n - 1)
     real(c_double), intent(out) :: probs(0:batch * heads * n * n - 1)
     integer(c_int64_t) :: b, h, i, j, c
-    real(c_double) :: qk, row_max, row_sum, acc
+    real(c_double) :: qk, row_max, row_sum, acc, row_max2, row_sum2
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -87,9 +88,36 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! lse: from the DNF
+    ! lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+    !                + log(
+    !                    sum[j6 < n](
+    !                        exp(
+    !                            (<b h i j6> psi scores)
+    !                            - max[j7 < n]((<b h i j7> psi scores))
+    !                        )
+    !                    )
+    !                )
+    !$omp parallel do collapse(3) schedule(static) private(j, row_max2, row_sum2)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i = 0, n - 1
+          row_max2 = neg_inf
+          do j = 0, n - 1
+            row_max2 = max(row_max2, scores(j + n*(i + n*(b*heads + h))))
+          end do
+          row_sum2 = 0.0_c_double
+          do j = 0, n - 1
+            row_sum2 = row_sum2 + exp(scores(j + n*(i + n*(b*heads + h))) - row_max2)
+          end do
+          lse(i + n*(b*heads + h)) = row_max2 + log(row_sum2)
+        end do
+      end do
+    end do
+    !$omp end parallel do
   end subroutine attention_fwd_naive_f64
 
-  subroutine attention_fwd_naive_f32(Q, K, V, O, scores, probs, batch, heads, n, d, scale) &
+  subroutine attention_fwd_naive_f32(Q, K, V, O, lse, scores, probs, batch, heads, n, d, scale) &
       bind(C, name="attention_fwd_naive_f32")
     integer(c_int64_t), value, intent(in) :: batch, heads, n, d
     real(c_float), value, intent(in) :: scale
@@ -97,10 +125,11 @@ contains
     real(c_float), intent(in) :: K(0:batch * heads * n * d - 1)
     real(c_float), intent(in) :: V(0:batch * heads * n * d - 1)
     real(c_float), intent(out) :: O(0:batch * heads * n * d - 1)
+    real(c_float), intent(out) :: lse(0:batch * heads * n - 1)
     real(c_float), intent(out) :: scores(0:batch * heads * n * n - 1)
     real(c_float), intent(out) :: probs(0:batch * heads * n * n - 1)
     integer(c_int64_t) :: b, h, i, j, c
-    real(c_float) :: qk, row_max, row_sum, acc
+    real(c_float) :: qk, row_max, row_sum, acc, row_max2, row_sum2
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -163,6 +192,33 @@ contains
             end do
             O(c + d*(i + n*(b*heads + h))) = acc
           end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! lse: from the DNF
+    ! lse[b, h, i] = max[j5 < n]((<b h i j5> psi scores))
+    !                + log(
+    !                    sum[j6 < n](
+    !                        exp(
+    !                            (<b h i j6> psi scores)
+    !                            - max[j7 < n]((<b h i j7> psi scores))
+    !                        )
+    !                    )
+    !                )
+    !$omp parallel do collapse(3) schedule(static) private(j, row_max2, row_sum2)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i = 0, n - 1
+          row_max2 = neg_inf
+          do j = 0, n - 1
+            row_max2 = max(row_max2, scores(j + n*(i + n*(b*heads + h))))
+          end do
+          row_sum2 = 0.0_c_float
+          do j = 0, n - 1
+            row_sum2 = row_sum2 + exp(scores(j + n*(i + n*(b*heads + h))) - row_max2)
+          end do
+          lse(i + n*(b*heads + h)) = row_max2 + log(row_sum2)
         end do
       end do
     end do

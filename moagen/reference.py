@@ -3,20 +3,45 @@ own operators. Both take and return float64 arrays."""
 import numpy as np
 
 
-def attention_fwd_numpy(Q, K, V, scale, causal=False):
+def _scores_numpy(Q, K, scale, causal):
     scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
     if causal:
         n = Q.shape[-2]
         scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
+    return scores
+
+
+def attention_out_numpy(Q, K, V, scale, causal=False):
+    scores = _scores_numpy(Q, K, scale, causal)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return weights / weights.sum(axis=-1, keepdims=True) @ V
+
+
+def attention_lse_numpy(Q, K, scale, causal=False):
+    """The per-row logsumexp of the (masked) scaled scores, as the forward pass keeps it."""
+    scores = _scores_numpy(Q, K, scale, causal)
+    top = scores.max(axis=-1, keepdims=True)
+    return (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def attention_fwd_numpy(Q, K, V, scale, causal=False):
+    return attention_out_numpy(Q, K, V, scale, causal), attention_lse_numpy(Q, K, scale, causal)
+
+
+def _scores_torch(q, k, scale, causal):
+    import torch
+    scores = q @ k.transpose(-1, -2) * scale
+    if causal:
+        n = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return scores
 
 
 def attention_fwd_torch(Q, K, V, scale, causal=False):
     import torch
     q, k, v = (torch.from_numpy(a) for a in (Q, K, V))
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                            is_causal=causal).numpy()
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+    return out.numpy(), torch.logsumexp(_scores_torch(q, k, scale, causal), dim=-1).numpy()
 
 
 def rmsnorm_fwd_numpy(x, weight, eps):
@@ -28,16 +53,6 @@ def rmsnorm_fwd_torch(x, weight, eps):
     t = torch.nn.functional.rms_norm(torch.from_numpy(x), (x.shape[-1],),
                                      torch.from_numpy(weight), eps)
     return t.numpy()
-
-
-def attention_lse_numpy(Q, K, scale, causal=False):
-    """The per-row logsumexp of the (masked) scaled scores, as the forward pass keeps it."""
-    scores = np.einsum("bhic,bhjc->bhij", Q, K) * scale
-    if causal:
-        n = Q.shape[-2]
-        scores = np.where(np.tril(np.ones((n, n), dtype=bool)), scores, -np.inf)
-    top = scores.max(axis=-1, keepdims=True)
-    return (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
 
 
 def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):
@@ -62,8 +77,7 @@ def attention_bwd_torch(Q, K, V, O, dO, lse, scale, causal=False):
 
 
 def attention_fwdbwd_numpy(Q, K, V, dO, scale, causal=False):
-    O = attention_fwd_numpy(Q, K, V, scale, causal)
-    lse = attention_lse_numpy(Q, K, scale, causal)
+    O, lse = attention_fwd_numpy(Q, K, V, scale, causal)
     return (O, lse) + attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal)
 
 
@@ -72,9 +86,25 @@ def attention_fwdbwd_torch(Q, K, V, dO, scale, causal=False):
     q, k, v = (torch.from_numpy(a).requires_grad_() for a in (Q, K, V))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
     out.backward(torch.from_numpy(dO))
-    scores = (q @ k.transpose(-1, -2) * scale).detach()
-    if causal:
-        n = Q.shape[-2]
-        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
+    lse = torch.logsumexp(_scores_torch(q, k, scale, causal).detach(), dim=-1)
     return (out.detach().numpy(), lse.numpy(), q.grad.numpy(), k.grad.numpy(), v.grad.numpy())
+
+
+def attention_decode_numpy(q, K, V, scale, n):
+    """One query row per head against the first n cache rows; query head h reads KV head
+    h // (q_heads / kv_heads)."""
+    group = q.shape[1] // K.shape[1]
+    keys, values = (np.repeat(c[:, :, :n], group, axis=1) for c in (K, V))
+    O, lse = attention_fwd_numpy(q[:, :, None, :], keys, values, scale)
+    return O[:, :, 0, :], lse[:, :, 0]
+
+
+def attention_decode_torch(q, K, V, scale, n):
+    import torch
+    query = torch.from_numpy(q)[:, :, None, :]
+    keys, values = (torch.from_numpy(np.ascontiguousarray(c[:, :, :n])) for c in (K, V))
+    out = torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale,
+                                                           enable_gqa=True)
+    group = q.shape[1] // K.shape[1]
+    scores = _scores_torch(query, keys.repeat_interleave(group, dim=1), scale, False)
+    return out[:, :, 0, :].numpy(), torch.logsumexp(scores, dim=-1)[:, :, 0].numpy()

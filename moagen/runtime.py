@@ -9,6 +9,7 @@ from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
 from moagen.codegen.emit import FORTRAN_MODULE, check_dtype, emit, onf_of, stem
 from moagen.codegen.printer import signature
+from moagen.kernels import get_kernel
 
 
 @lru_cache(maxsize=None)
@@ -20,4 +21,5 @@ def library(kernel: str, variant: str, lang: str):
 
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64") -> KernelCallable:
     onf = onf_of(kernel, variant)
-    return bind(library(kernel, onf.variant, lang), signature(onf, check_dtype(dtype)), lang)
+    return bind(library(kernel, onf.variant, lang), signature(onf, check_dtype(dtype)), lang,
+                validate=get_kernel(kernel).validate)

@@ -55,8 +55,8 @@ def _forward_of(causal):
     """The backward's O and lse, computed from its Q, K and V in float64."""
     def consistent(arrays, scalars):
         Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
-        return dict(arrays, O=reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal),
-                    lse=reference.attention_lse_numpy(Q, K, scalars["scale"], causal))
+        O, lse = reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal)
+        return dict(arrays, O=O, lse=lse)
     return consistent
 
 
@@ -85,6 +85,15 @@ CHECKS = {
                     "torch": partial(reference.attention_fwdbwd_torch, causal=causal)},
         sizes=ATTENTION_SIZES,
     ) for name, causal in (("attention_fwdbwd", False), ("attention_fwdbwd_causal", True))},
+    "attention_decode": Check(
+        scalars=_attention_scale,
+        references={"numpy": reference.attention_decode_numpy,
+                    "torch": reference.attention_decode_torch},
+        # MHA, GQA (3 query heads a KV head), MQA; n = cap and n < cap
+        sizes=(dict(batch=1, q_heads=1, kv_heads=1, cap=1, d=3, n=1),
+               dict(batch=2, q_heads=6, kv_heads=2, cap=11, d=5, n=7),
+               dict(batch=1, q_heads=8, kv_heads=1, cap=300, d=80, n=257)),
+    ),
     "rmsnorm_fwd": Check(
         scalars=lambda s: {"eps": 1e-5},
         references={"numpy": reference.rmsnorm_fwd_numpy, "torch": reference.rmsnorm_fwd_torch},
@@ -112,7 +121,7 @@ def make_inputs(sig, sizes, scalars, check, rng):
     """The kernel's inputs at these sizes, in its dtype: random normal, then made
     consistent by the check (in float64) where inputs depend on each other."""
     env = {s: sizes[s.name] for s in sig.sizes}
-    arrays = {a.name: rng.standard_normal(tuple(int(d.subs(env)) for d in a.shape))
+    arrays = {a.name: rng.standard_normal(tuple(int(dim.subs(env)) for dim in a.shape))
               for a in sig.inputs}
     if check.inputs:
         arrays = check.inputs(arrays, scalars)
@@ -132,7 +141,8 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:
         return Row(kernel, variant, lang, dtype, label, {}, f"skip: {why}")
-    scalars = check.scalars(sizes)
+    # sizes no input shape determines (a KV cache's valid rows) are arguments too
+    scalars = dict(check.scalars(sizes), **{g: sizes[g] for g in get_kernel(kernel).spec.given})
     inputs = make_inputs(sig, sizes, scalars, check, np.random.default_rng(seed))
     outputs = fn(*inputs, **scalars)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)

@@ -24,19 +24,18 @@ class KernelCallable:
         self._validate = validate
         self._dtype = np.dtype(signature.dtype)
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
-        self._params = tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape), "math")
                           for a in signature.arrays}
-        # Each size is read off the first input dimension that is exactly that size.
+        # Each size is read off the first input dimension that is exactly that size; a size
+        # that is no input dimension on its own (a KV cache's valid length) is an argument.
         self._size_from = {}
         for param in signature.inputs:
             for axis, dim in enumerate(param.shape):
                 if dim in signature.sizes:
                     self._size_from.setdefault(dim, (param.name, axis))
-        hidden = [str(s) for s in signature.sizes if s not in self._size_from]
-        if hidden:
-            raise ValueError(f"{signature.name}: sizes {hidden} are no input dimension on their own, "
-                             "so a call cannot infer them")
+        self._given = tuple(s.name for s in signature.sizes if s not in self._size_from)
+        self._params = (tuple(a.name for a in signature.inputs) + tuple(signature.scalars)
+                        + self._given)
 
     def __call__(self, *args, out=None, **kwargs):
         sig = self.signature
@@ -98,14 +97,21 @@ class KernelCallable:
             raise ValueError(f"{where}: the array's data is not aligned to its dtype")
 
     def _sizes(self, values):
-        """Each size by name, in signature order, read off the inputs."""
+        """Each size by name, in signature order, read off the inputs or given."""
         sizes = {}
         for symbol in self.signature.sizes:
-            name, axis = self._size_from[symbol]
-            sizes[symbol.name] = values[name].shape[axis]
+            if symbol.name in self._given:
+                value, source = values[symbol.name], "as given"
+                if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                    raise ValueError(f"{self.signature.name}: size {symbol} must be an integer, "
+                                     f"got {type(value).__name__}")
+            else:
+                name, axis = self._size_from[symbol]
+                value, source = values[name].shape[axis], f"axis {axis} of argument {name!r}"
+            sizes[symbol.name] = int(value)
             if sizes[symbol.name] < 1:
                 raise ValueError(f"{self.signature.name}: size {symbol} must be >= 1, got "
-                                 f"{sizes[symbol.name]} (axis {axis} of argument {name!r})")
+                                 f"{sizes[symbol.name]} ({source})")
         return sizes
 
     def _expected(self, param, sizes):
@@ -114,7 +120,8 @@ class KernelCallable:
     def _check_shape(self, what, param, array, sizes):
         expected = self._expected(param, sizes)
         if array.shape != expected:
-            inferred = ", ".join(f"{s}={sizes[s.name]} from {self._size_from[s][0]!r}"
+            inferred = ", ".join(f"{s}={sizes[s.name]}" + (f" from {self._size_from[s][0]!r}"
+                                                             if s in self._size_from else "")
                                  for s in self.signature.sizes)
             raise ValueError(f"{self.signature.name}: {what}: expected shape {_symbolic(param.shape)} = "
                              f"{expected}, got {array.shape} (sizes: {inferred})")

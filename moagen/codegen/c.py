@@ -23,7 +23,7 @@ class IndexPrinter(C99CodePrinter):
 
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
-        return f"({a}) / {b}"
+        return f"({a}) / ({b})" if not expr.args[1].is_Atom else f"({a}) / {b}"
 
 
 class CPrinter(Printer):
@@ -68,6 +68,8 @@ class CPrinter(Printer):
         return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
 
     def update(self, name, op, value):
+        if op == "=":
+            return f"{name} = {value};"
         if op == "+":
             return f"{name} += {value};"
         return f"{name} = {self.call(op, name, value)};"

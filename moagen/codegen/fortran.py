@@ -19,7 +19,7 @@ class IndexPrinter(FCodePrinter):
 
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
-        return f"({a}) / {b}"
+        return f"({a}) / ({b})" if not expr.args[1].is_Atom else f"({a}) / {b}"
 
 
 class FortranPrinter(Printer):
@@ -81,6 +81,8 @@ class FortranPrinter(Printer):
         return f"{name} = {value}"
 
     def update(self, name, op, value):
+        if op == "=":
+            return f"{name} = {value}"
         if op == "+":
             return f"{name} = {name} + {value}"
         return f"{name} = {self.call(op, name, value)}"

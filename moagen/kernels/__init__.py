@@ -1,10 +1,10 @@
 """The kernel registry: each kernel is a MoA spec plus named variants, a variant being what
 it materializes and its schedule."""
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import attention, attention_bwd, attention_fwdbwd, rmsnorm
+from moagen.kernels import attention, attention_bwd, attention_decode, attention_fwdbwd, rmsnorm
 from moagen.moa.spec import KernelSpec
 
 
@@ -19,6 +19,9 @@ class Variant:
 class Kernel:
     spec: KernelSpec
     variants: Dict[str, Variant]
+    # checks of a call's sizes and scalars beyond shapes: validate(sizes, scalars) raises
+    # ValueError before native code runs
+    validate: Optional[Callable] = None
 
     @property
     def name(self):
@@ -34,15 +37,14 @@ class Kernel:
         return self.variants[name]
 
 
-def _kernel(spec, variants) -> Kernel:
+def _kernel(spec, variants, validate=None) -> Kernel:
     return Kernel(spec, {name: Variant(name, materialize, schedule)
-                         for name, (materialize, schedule) in variants.items()})
+                         for name, (materialize, schedule) in variants.items()}, validate)
 
 
-# each kernel module lists its (spec, variants) pairs
-KERNELS = {k.name: k for module in (attention, attention_bwd, attention_fwdbwd, rmsnorm)
-           for k in
-           (_kernel(spec, variants) for spec, variants in module.KERNELS)}
+# each kernel module lists its (spec, variants[, validate]) tuples
+MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, rmsnorm)
+KERNELS = {k.name: k for module in MODULES for k in (_kernel(*entry) for entry in module.KERNELS)}
 
 
 def get_kernel(name: str) -> Kernel:

@@ -2,10 +2,12 @@
 subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyTorch's
 is_causal). Written once; the variants differ only in what they materialize and in their
 schedule."""
-from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, named, omega, outer, psi,
-                             reduce, transpose, where)
+from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
+                             psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.fusion import FuseNests
+from moagen.onf.online import OnlineSoftmax
+from moagen.onf.schedule import Accumulate, Hoist, Parallel, Split
 
 Q = array("Q", "batch", "heads", "n", "d")
 K = array("K", "batch", "heads", "n", "d")
@@ -28,28 +30,37 @@ def softmax_parts(q, k, causal):
 
 
 def _one_head(q, k, v, causal):
-    _, weights, row_sum = softmax_parts(q, k, causal)
+    """O and the per-row logsumexp, which the backward pass needs."""
+    row_max, weights, row_sum = softmax_parts(q, k, causal)
     probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
-    return inner(probs, v, var="j", name="acc")
+    return inner(probs, v, var="j", name="acc"), row_max + log(row_sum)
 
 
 def spec(causal: bool) -> KernelSpec:
-    heads = [psi(("b", "h"), a) for a in (Q, K, V)]
+    o, lse = _one_head(*(psi(("b", "h"), a) for a in (Q, K, V)), causal)
     return KernelSpec(
         name="attention_fwd_causal" if causal else "attention_fwd",
         inputs=(Q, K, V),
         scalars=("scale",),
-        outputs=(Output("O", lift(("b", "h"), ("batch", "heads"), _one_head(*heads, causal)),
-                        index=("b", "h", "i", "c")),),
+        outputs=(Output("O", lift(("b", "h"), ("batch", "heads"), o), ("b", "h", "i", "c")),
+                 Output("lse", lift(("b", "h"), ("batch", "heads"), lse), ("b", "h", "i"))),
     )
 
-ROWS = Parallel(("b", "h", "i"))
+ROWS = ("b", "h", "i")
+KEY_BLOCK = 64
 VARIANTS = {
     # the standard implementation: the n x n scores and probabilities live in memory
-    "naive": (frozenset({"scores", "probs"}), (Hoist(), ROWS)),
+    "naive": (frozenset({"scores", "probs"}), (Hoist(), Parallel(ROWS))),
     # row-wise: nothing of size n x n; each row's max and sum are computed once, and each
     # probability once per key, then spread over the output row
-    "dnf": (frozenset(), (Accumulate("c", over="j"), Hoist(), ROWS)),
+    "dnf": (frozenset(), (Accumulate("c", over="j", nest="O"),
+                          FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
+                          Parallel(ROWS))),
+    # one pass over the keys, in blocks, with a running max and sum rescaling the output
+    "online": (frozenset(), (Accumulate("c", over="j", nest="O"),
+                             FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
+                             OnlineSoftmax("rows"), Split("j", KEY_BLOCK, nest="rows"),
+                             Parallel(ROWS))),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -28,6 +28,12 @@ def sym(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True)
 
 
+class idiv(sympy.Function):
+    """Integer division of non-negative operands (tile counts, the KV head of a query head
+    in grouped-query attention). Printed as plain integer division in every language."""
+    nargs = 2
+
+
 def as_dim(value) -> sympy.Expr:
     if isinstance(value, str):
         return sym(value)

@@ -23,18 +23,19 @@ class KernelSpec:
     inputs: Tuple[E.Array, ...]
     scalars: Tuple[str, ...]
     outputs: Tuple[Output, ...]
+    given: Tuple[str, ...] = ()  # sizes passed at call time, e.g. a KV cache's valid rows
 
     @property
     def sizes(self) -> Tuple[sympy.Symbol, ...]:
-        """The size symbols in order of first appearance in the inputs' shapes: the order
-        of the integer arguments in every language."""
+        """The size symbols in order of first appearance in the inputs' shapes, then the
+        given ones: the order of the integer arguments in every language."""
         seen = []
         for a in self.inputs:
             for dim in a.shape:
                 for s in sorted(dim.free_symbols, key=lambda s: s.name):
                     if s not in seen:
                         seen.append(s)
-        return tuple(seen)
+        return tuple(seen) + tuple(E.sym(g) for g in self.given if E.sym(g) not in seen)
 
     def output_shapes(self):
         return {o.name: check(o.value, f"{self.name}.{o.name}") for o in self.outputs}

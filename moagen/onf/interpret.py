@@ -27,6 +27,7 @@ UNARY = {
     "rsqrt": lambda x: 1.0 / math.sqrt(x),
     "silu": lambda x: x / (1.0 + math.exp(-x)),
     "neg": lambda x: -x,
+    "log": math.log,
 }
 BINARY = {
     "+": lambda a, b: a + b,
@@ -218,7 +219,7 @@ class _Machine:
                 locs[s.name] = value(ints, locs)
             return let
         if isinstance(s, Update):
-            op = BINARY[s.op]
+            op = (lambda old, new: new) if s.op == "=" else BINARY[s.op]
 
             def update(ints, locs):
                 locs[s.name] = op(locs[s.name], value(ints, locs))

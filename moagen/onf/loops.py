@@ -12,13 +12,8 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.dnf import format_scalar
+from moagen.moa.expr import idiv  # noqa: F401  (index arithmetic of the ONF)
 from moagen.moa.shape import fmt_shape
-
-
-class idiv(sympy.Function):
-    """Integer division of non-negative operands, (a + b - 1) // b style tile counts.
-    Printed as plain integer division in every language."""
-    nargs = 2
 
 
 class Stmt:
@@ -43,7 +38,7 @@ class Let(Stmt):
 @dataclass(frozen=True)
 class Update(Stmt):
     name: str
-    op: str  # "+" or "max"
+    op: str  # "+" or "max" (accumulate), or "=" (assign)
     value: S.ScalarExpr
 
 
@@ -170,7 +165,7 @@ def _format_block(stmts, depth):
         elif isinstance(s, Let):
             out.append(f"{pad}let {s.name} = {format_scalar(s.value, indent=len(pad))}")
         elif isinstance(s, Update):
-            op = "+=" if s.op == "+" else f"{s.op}="
+            op = {"+": "+=", "=": "="}.get(s.op, f"{s.op}=")
             out.append(f"{pad}{s.name} {op} {format_scalar(s.value, indent=len(pad))}")
         elif isinstance(s, Store):
             op = {None: "=", "+": "+="}.get(s.accumulate, f"{s.accumulate}=")

@@ -42,8 +42,13 @@ def _subexprs(e):
         yield from _subexprs(c)
 
 
+class NotApplicable(ScheduleError):
+    """The nest lacks what the transform works on (as opposed to a violated precondition)."""
+
+
 class Transform:
-    """Base: apply `nest_fn` to the selected nests (all when `nest` is None)."""
+    """Base: apply `nest_fn` to the selected nest, or, when `nest` is None, to every nest it
+    applies to (at least one)."""
     nest: Optional[str] = None
 
     def __call__(self, onf: ONF) -> ONF:
@@ -52,7 +57,17 @@ class Transform:
             raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest!r}; it has "
                                 f"{', '.join(n.label for n in onf.nests)}")
         names = kernel_names(onf)
-        nests = [replace(n, body=self.nest_fn(n, names)) if n in chosen else n for n in onf.nests]
+        nests, misses = [], []
+        for n in onf.nests:
+            try:
+                nests.append(replace(n, body=self.nest_fn(n, names)) if n in chosen else n)
+            except NotApplicable as miss:
+                if self.nest is not None:
+                    raise
+                misses.append(miss)
+                nests.append(n)
+        if len(misses) == len(chosen):
+            raise misses[0]
         return onf.with_nests(nests, str(self))
 
     def nest_fn(self, nest: Nest, names: Names):
@@ -81,7 +96,7 @@ class Accumulate(Transform):
         body = _rewrite_loops(nest.body, self.loop,
                               lambda lp, scope: self._interchange(lp, scope, names, done))
         if not done:
-            raise ScheduleError(f"{self}: nest {nest.label} has no loop {self.loop} whose body is "
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop {self.loop} whose body is "
                                 f"a single store of a reduction over {self.over}")
         return body
 
@@ -229,7 +244,7 @@ class Split(Transform):
 
         body = _rewrite_loops(nest.body, self.var, split)
         if not done:
-            raise ScheduleError(f"{self}: nest {nest.label} has no loop {self.var}")
+            raise NotApplicable(f"{self}: nest {nest.label} has no loop {self.var}")
         # splitting a parallel loop other than the innermost makes the tile loop's bounds
         # depend on the block loop, which neither OpenMP's collapse nor CUDA can map
         for lp in walk(body):

@@ -1,0 +1,62 @@
+"""Attention decode: one new query row per (batch, query head) against a KV cache of which
+the first n rows are valid (n is given at call time; the cache has room for `cap` rows).
+
+Grouped-query attention: q_heads query heads share kv_heads KV heads, query head h reading
+KV head h // (q_heads / kv_heads), by indexing, so the cache is read once per group; MQA is
+kv_heads = 1. The query is the newest position, so it sees every valid row: decode is
+causal by construction.
+"""
+from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.fusion import FuseNests
+from moagen.onf.online import OnlineSoftmax
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
+
+Q = array("q", "batch", "q_heads", "d")
+K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
+V_CACHE = array("V", "batch", "kv_heads", "cap", "d")
+
+
+def _one_head(b, h):
+    kv_head = idiv(h, idiv(sym("q_heads"), sym("kv_heads")))
+    q = psi((b, h), Q)
+    keys, values = (take("n", psi((b, kv_head), cache)) for cache in (K_CACHE, V_CACHE))
+    scores = Scalar("scale") * inner(keys, q, var="c", name="qk")
+    row_max = reduce("max", scores, axis=0, var="j", name="row_max")
+    weights = exp(scores - row_max)
+    row_sum = reduce("+", weights, axis=0, var="j", name="row_sum")
+    return inner(weights / row_sum, values, var="j", name="acc"), row_max + log(row_sum)
+
+
+_O, _LSE = _one_head(sym("b"), sym("h"))
+SPEC = KernelSpec(
+    name="attention_decode",
+    inputs=(Q, K_CACHE, V_CACHE),
+    scalars=("scale",),
+    given=("n",),
+    outputs=(Output("O", lift(("b", "h"), ("batch", "q_heads"), _O), ("b", "h", "c")),
+             Output("lse", lift(("b", "h"), ("batch", "q_heads"), _LSE), ("b", "h"))),
+)
+
+
+def validate(sizes, scalars):
+    """What the index arithmetic assumes: whole groups, and valid rows inside the cache."""
+    if sizes["q_heads"] % sizes["kv_heads"]:
+        raise ValueError(f"attention_decode: kv_heads = {sizes['kv_heads']} does not divide "
+                         f"q_heads = {sizes['q_heads']}")
+    if sizes["n"] > sizes["cap"]:
+        raise ValueError(f"attention_decode: n = {sizes['n']} valid rows exceed the cache's "
+                         f"capacity of {sizes['cap']} rows")
+
+
+HEADS = ("b", "h")
+ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, name="heads"),
+       Hoist())
+VARIANTS = {
+    # three passes over the valid rows (max, sum, weighted sum)
+    "dnf": (frozenset(), ROW + (Parallel(HEADS),)),
+    # one pass, running max and sum
+    "online": (frozenset(), ROW + (OnlineSoftmax("heads"), Parallel(HEADS))),
+}
+
+KERNELS = [(SPEC, VARIANTS, validate)]
