@@ -8,7 +8,8 @@ module moagen_kernels
 
 contains
 
-  subroutine attention_bwd_atomic_f64(Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale) &
+  subroutine attention_bwd_atomic_f64(Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, &
+      & scale) &
       bind(C, name="attention_bwd_atomic_f64")
     integer(c_int64_t), value, intent(in) :: batch, heads, n, d
     real(c_double), value, intent(in) :: scale
@@ -136,7 +137,8 @@ contains
     !$omp end parallel do
   end subroutine attention_bwd_atomic_f64
 
-  subroutine attention_bwd_atomic_f32(Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, scale) &
+  subroutine attention_bwd_atomic_f32(Q, K, V, O, dO, lse, dQ, dK, dV, delta, batch, heads, n, d, &
+      & scale) &
       bind(C, name="attention_bwd_atomic_f32")
     integer(c_int64_t), value, intent(in) :: batch, heads, n, d
     real(c_float), value, intent(in) :: scale

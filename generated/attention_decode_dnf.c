@@ -84,7 +84,7 @@ void attention_decode_dnf_f64(
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 row_max = fmax(row_max, scale * qk);
             }
@@ -92,18 +92,18 @@ void attention_decode_dnf_f64(
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 row_sum += exp(scale * qk - row_max);
             }
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const double t = exp(scale * qk - row_max) / row_sum;
                 for (int64_t c = 0; c < d; ++c) {
-                    O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)];
+                    O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
             }
             lse[b*q_heads + h] = row_max + log(row_sum);
@@ -189,7 +189,7 @@ void attention_decode_dnf_f32(
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 row_max = fmaxf(row_max, scale * qk);
             }
@@ -197,18 +197,18 @@ void attention_decode_dnf_f32(
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 row_sum += expf(scale * qk - row_max);
             }
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const float t = expf(scale * qk - row_max) / row_sum;
                 for (int64_t c = 0; c < d; ++c) {
-                    O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)];
+                    O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
             }
             lse[b*q_heads + h] = row_max + logf(row_sum);

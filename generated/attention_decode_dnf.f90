@@ -86,7 +86,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_double
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
@@ -95,7 +95,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_double
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
@@ -103,13 +103,13 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_double
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & (h) / ((q_heads) / kv_heads)) + j))
+                & ((h) / (((q_heads) / kv_heads)))) + j))
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)
@@ -195,7 +195,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_float
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
@@ -204,7 +204,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_float
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
@@ -212,13 +212,13 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_float
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & (h) / ((q_heads) / kv_heads)) + j))
+                & ((h) / (((q_heads) / kv_heads)))) + j))
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)

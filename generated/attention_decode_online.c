@@ -85,7 +85,7 @@ void attention_decode_online_f64(
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const double score = scale * qk;
                 const double new_max = fmax(row_max, score);
@@ -93,7 +93,7 @@ void attention_decode_online_f64(
                 const double p = exp(score - new_max);
                 row_sum = row_sum * rescale + p;
                 for (int64_t c = 0; c < d; ++c) {
-                    O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)];
+                    O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
                 row_max = new_max;
             }
@@ -184,7 +184,7 @@ void attention_decode_online_f32(
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
                 for (int64_t c = 0; c < d; ++c) {
-                    qk += K[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)] * q[c + d*(b*q_heads + h)];
+                    qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const float score = scale * qk;
                 const float new_max = fmaxf(row_max, score);
@@ -192,7 +192,7 @@ void attention_decode_online_f32(
                 const float p = expf(score - new_max);
                 row_sum = row_sum * rescale + p;
                 for (int64_t c = 0; c < d; ++c) {
-                    O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)];
+                    O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
                 row_max = new_max;
             }

@@ -9,7 +9,8 @@ module moagen_kernels
 
 contains
 
-  subroutine attention_decode_online_f64(q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, scale) &
+  subroutine attention_decode_online_f64(q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, &
+      & scale) &
       bind(C, name="attention_decode_online_f64")
     integer(c_int64_t), value, intent(in) :: batch, q_heads, d, kv_heads, cap, n
     real(c_double), value, intent(in) :: scale
@@ -88,7 +89,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_double
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           score = scale * qk
@@ -98,7 +99,7 @@ contains
           row_sum = row_sum * rescale + p
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) * rescale + p * V(c + &
-                & d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j))
+                & d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
           end do
           row_max = new_max
         end do
@@ -111,7 +112,8 @@ contains
     !$omp end parallel do
   end subroutine attention_decode_online_f64
 
-  subroutine attention_decode_online_f32(q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, scale) &
+  subroutine attention_decode_online_f32(q, K, V, O, lse, batch, q_heads, d, kv_heads, cap, n, &
+      & scale) &
       bind(C, name="attention_decode_online_f32")
     integer(c_int64_t), value, intent(in) :: batch, q_heads, d, kv_heads, cap, n
     real(c_float), value, intent(in) :: scale
@@ -190,7 +192,7 @@ contains
         do j = 0, n - 1
           qk = 0.0_c_float
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j)) * q(c + &
+            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
           end do
           score = scale * qk
@@ -200,7 +202,7 @@ contains
           row_sum = row_sum * rescale + p
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) * rescale + p * V(c + &
-                & d*(cap*(b*kv_heads + (h) / ((q_heads) / kv_heads)) + j))
+                & d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
           end do
           row_max = new_max
         end do

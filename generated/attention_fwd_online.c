@@ -64,7 +64,7 @@ void attention_fwd_online_f64(
                 }
                 double row_max = -INFINITY;
                 double row_sum = 0.0;
-                for (int64_t j_blk = 0; j_blk < (n + 63) / 64; ++j_blk) {
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         double qk = 0.0;
                         for (int64_t c = 0; c < d; ++c) {
@@ -148,7 +148,7 @@ void attention_fwd_online_f32(
                 }
                 float row_max = -INFINITY;
                 float row_sum = 0.0f;
-                for (int64_t j_blk = 0; j_blk < (n + 63) / 64; ++j_blk) {
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         float qk = 0.0f;
                         for (int64_t c = 0; c < d; ++c) {

@@ -66,7 +66,7 @@ __global__ void attention_fwd_online_f64_rows(
     }
     double row_max = -INFINITY;
     double row_sum = 0.0;
-    for (int64_t j_blk = 0; j_blk < (n + 63) / 64; ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             double qk = 0.0;
             for (int64_t c = 0; c < d; ++c) {
@@ -174,7 +174,7 @@ __global__ void attention_fwd_online_f32_rows(
     }
     float row_max = -INFINITY;
     float row_sum = 0.0f;
-    for (int64_t j_blk = 0; j_blk < (n + 63) / 64; ++j_blk) {
+    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
             float qk = 0.0f;
             for (int64_t c = 0; c < d; ++c) {

@@ -69,7 +69,7 @@ contains
           end do
           row_max = neg_inf
           row_sum = 0.0_c_double
-          do j_blk = 0, (n + 63) / 64 - 1
+          do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_double
               do c = 0, d - 1
@@ -157,7 +157,7 @@ contains
           end do
           row_max = neg_inf
           row_sum = 0.0_c_float
-          do j_blk = 0, (n + 63) / 64 - 1
+          do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_float
               do c = 0, d - 1

@@ -108,3 +108,17 @@ def attention_decode_torch(q, K, V, scale, n):
     group = q.shape[1] // K.shape[1]
     scores = _scores_torch(query, keys.repeat_interleave(group, dim=1), scale, False)
     return out[:, :, 0, :].numpy(), torch.logsumexp(scores, dim=-1)[:, :, 0].numpy()
+
+
+def kv_append_numpy(K, V, k_new, v_new, n):
+    K, V = K.copy(), V.copy()
+    K[:, :, n], V[:, :, n] = k_new, v_new
+    return K, V
+
+
+def kv_append_torch(K, V, k_new, v_new, n):
+    import torch
+    caches = [torch.from_numpy(c).clone() for c in (K, V)]
+    for cache, row in zip(caches, (k_new, v_new)):
+        cache.index_copy_(2, torch.tensor([n]), torch.from_numpy(row)[:, :, None, :])
+    return tuple(c.numpy() for c in caches)

@@ -94,6 +94,13 @@ CHECKS = {
                dict(batch=2, q_heads=6, kv_heads=2, cap=11, d=5, n=7),
                dict(batch=1, q_heads=8, kv_heads=1, cap=300, d=80, n=257)),
     ),
+    "kv_append": Check(
+        scalars=lambda sizes: {},
+        references={"numpy": reference.kv_append_numpy, "torch": reference.kv_append_torch},
+        # into an empty cache, the middle, the last row
+        sizes=(dict(batch=1, kv_heads=1, cap=1, d=3, n=0), dict(batch=2, kv_heads=3, cap=7, d=5, n=4),
+               dict(batch=1, kv_heads=2, cap=257, d=80, n=256)),
+    ),
     "rmsnorm_fwd": Check(
         scalars=lambda s: {"eps": 1e-5},
         references={"numpy": reference.rmsnorm_fwd_numpy, "torch": reference.rmsnorm_fwd_torch},
@@ -145,7 +152,9 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     scalars = dict(check.scalars(sizes), **{g: sizes[g] for g in get_kernel(kernel).spec.given})
     inputs = make_inputs(sig, sizes, scalars, check, np.random.default_rng(seed))
     outputs = fn(*inputs, **scalars)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    outputs = () if outputs is None else outputs if isinstance(outputs, tuple) else (outputs,)
+    # what a kernel updates in place is part of its result
+    outputs += tuple(a for a, p in zip(inputs, sig.inputs) if p.intent == "inout")
     wide = [a.astype(np.float64) for a in inputs]
     errors = {}
     for name, ref in check.references.items():

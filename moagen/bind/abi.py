@@ -41,8 +41,10 @@ class KernelCallable:
         sig = self.signature
         values = self._bind(args, kwargs)
         inputs = [values[p.name] for p in sig.inputs]
-        for param, array in zip(sig.inputs, inputs):
+        for k, (param, array) in enumerate(zip(sig.inputs, inputs)):
             self._check_array(f"argument {param.name!r}", param, array)
+            if param.intent == "inout":
+                self._check_writable(f"argument {param.name!r}", array, inputs[:k] + inputs[k + 1:])
         sizes = self._sizes(values)
         for param, array in zip(sig.inputs, inputs):
             self._check_shape(f"argument {param.name!r}", param, array, sizes)
@@ -54,6 +56,8 @@ class KernelCallable:
         # that running out of memory is a MemoryError, not a crash in native code
         scratch = [np.empty(self._expected(p, sizes), self._dtype) for p in sig.scratch]
         self._native_call(*inputs, *outputs, *scratch, *sizes.values(), *scalars.values())
+        if not outputs:  # the kernel only updates its inout arguments
+            return None
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __repr__(self):
@@ -109,8 +113,10 @@ class KernelCallable:
                 name, axis = self._size_from[symbol]
                 value, source = values[name].shape[axis], f"axis {axis} of argument {name!r}"
             sizes[symbol.name] = int(value)
-            if sizes[symbol.name] < 1:
-                raise ValueError(f"{self.signature.name}: size {symbol} must be >= 1, got "
+            # a given count may be 0 (an empty cache); an array dimension may not
+            least = 0 if symbol.name in self._given else 1
+            if sizes[symbol.name] < least:
+                raise ValueError(f"{self.signature.name}: size {symbol} must be >= {least}, got "
                                  f"{sizes[symbol.name]} ({source})")
         return sizes
 
@@ -151,13 +157,16 @@ class KernelCallable:
             what = f"out {param.name!r}"
             self._check_array(what, param, array)
             self._check_shape(what, param, array, sizes)
-            if not array.flags.writeable:
-                raise ValueError(f"{self.signature.name}: {what} is read-only")
-            # The kernel's pointers are restrict: an output may alias nothing else.
-            for other in [*inputs, *out[:i]]:
-                if np.may_share_memory(array, other):
-                    raise ValueError(f"{self.signature.name}: {what} shares memory with another argument")
+            self._check_writable(what, array, [*inputs, *out[:i]])
         return list(out)
+
+    def _check_writable(self, what, array, others):
+        if not array.flags.writeable:
+            raise ValueError(f"{self.signature.name}: {what} is read-only")
+        # The kernel's pointers are restrict: what it writes may alias nothing else.
+        for other in others:
+            if np.may_share_memory(array, other):
+                raise ValueError(f"{self.signature.name}: {what} shares memory with another argument")
 
 
 def flat_view(array):

@@ -27,11 +27,12 @@ def bind(library, signature, validate=None):
     ffi.cdef(declaration(signature))
     function = getattr(ffi.dlopen(str(library)), signature.name)  # ffi keeps the library open
     buffer_type = CTYPES[signature.dtype] + "[]"
-    n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
+    n_arrays = len(signature.arrays)
+    writable = [a.intent != "in" for a in signature.arrays]
 
     def native_call(*args):
-        arrays = [ffi.from_buffer(buffer_type, flat_view(a), require_writable=i >= n_inputs)
-                  for i, a in enumerate(args[:n_arrays])]
+        arrays = [ffi.from_buffer(buffer_type, flat_view(a), require_writable=w)
+                  for w, a in zip(writable, args[:n_arrays])]
         function(*arrays, *args[n_arrays:])
 
     return KernelCallable(signature, native_call, validate)

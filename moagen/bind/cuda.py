@@ -23,7 +23,6 @@ def bind(library, signature, validate=None):
     launcher = getattr(ffi.dlopen(str(library)), signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
     n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
-    n_outputs = len(signature.outputs)
 
     def native_call(*args):
         host = [flat_view(a) for a in args[:n_arrays]]
@@ -32,8 +31,9 @@ def bind(library, signature, validate=None):
         code = launcher(*(ffi.cast(pointer_type, int(d.gpudata)) for d in device), *args[n_arrays:])
         if code != 0:
             raise RuntimeError(f"{signature.name}: the CUDA launcher returned cudaError_t {code}")
-        for h, d in zip(host[n_inputs:n_inputs + n_outputs], device[n_inputs:]):
-            d.get(ary=h)  # into the caller's output memory; scratch stays on the device
+        written = [k for k, a in enumerate(signature.arrays) if a.intent in ("inout", "out")]
+        for k in written:
+            device[k].get(ary=host[k])  # into the caller's memory; scratch stays on the device
 
     return KernelCallable(signature, native_call, validate)
 

@@ -23,7 +23,8 @@ class IndexPrinter(C99CodePrinter):
 
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
-        return f"({a}) / ({b})" if not expr.args[1].is_Atom else f"({a}) / {b}"
+        divisor = b if expr.args[1].is_Atom else f"({b})"
+        return f"(({a}) / {divisor})"  # whole, so that s*idiv(..) stays s*(..)
 
 
 class CPrinter(Printer):

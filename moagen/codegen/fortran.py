@@ -19,7 +19,8 @@ class IndexPrinter(FCodePrinter):
 
     def _print_idiv(self, expr):
         a, b = (self._print(x) for x in expr.args)
-        return f"({a}) / ({b})" if not expr.args[1].is_Atom else f"({a}) / {b}"
+        divisor = b if expr.args[1].is_Atom else f"({b})"
+        return f"(({a}) / {divisor})"  # whole, so that s*idiv(..) stays s*(..)
 
 
 class FortranPrinter(Printer):
@@ -44,7 +45,7 @@ class FortranPrinter(Printer):
         sig = self.sig
         arrays = []
         for a in sig.arrays:
-            intent = "in" if a.intent == "in" else "out"
+            intent = {"in": "in", "inout": "inout"}.get(a.intent, "out")
             size = " * ".join(self.index(d) for d in a.shape)
             arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
         loop_vars = self.loop_vars_in([s for n in self.onf.nests for s in n.body])
@@ -59,7 +60,7 @@ class FortranPrinter(Printer):
             "loop_vars": ", ".join(loop_vars),
             "locals": ", ".join(locals_),
             "neg_inf": self.uses_neg_inf,
-            "body": [wrapped for line in body for wrapped in _wrap(line)],
+            "body": body,
         }
 
     # ---- statements -------------------------------------------------------------------
@@ -149,5 +150,6 @@ def _wrap(line):
 def emit_fortran(onfs_by_dtype, banner, module):
     subs = [FortranPrinter(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
     kinds = sorted({s["kind"] for s in subs})
-    return render("fortran/module.f90.j2", banner=banner, module=module, subroutines=subs,
+    text = render("fortran/module.f90.j2", banner=banner, module=module, subroutines=subs,
                   kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs))
+    return "".join(w + "\n" for line in text.splitlines() for w in _wrap(line))

@@ -23,7 +23,8 @@ def render(template: str, **context) -> str:
 
 def signature(onf: ONF, dtype: str) -> Signature:
     """The ABI of one ONF at one dtype: inputs, outputs, scratch; sizes; scalars."""
-    arrays = ([ArrayParam(b.name, b.shape, "in") for b in onf.inputs]
+    arrays = ([ArrayParam(b.name, b.shape, "inout" if b.name in onf.inout else "in")
+               for b in onf.inputs]
               + [ArrayParam(b.name, b.shape, "out") for b in onf.outputs]
               + [ArrayParam(b.name, b.shape, "scratch") for b in onf.temps])
     return Signature(f"{onf.name}_{onf.variant}_{DTYPE_SUFFIX[dtype]}", tuple(arrays),

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import attention, attention_bwd, attention_decode, attention_fwdbwd, rmsnorm
+from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd,
+                            kv_append, rmsnorm)
 from moagen.moa.spec import KernelSpec
 
 
@@ -43,7 +44,7 @@ def _kernel(spec, variants, validate=None) -> Kernel:
 
 
 # each kernel module lists its (spec, variants[, validate]) tuples
-MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, rmsnorm)
+MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, kv_append, rmsnorm)
 KERNELS = {k.name: k for module in MODULES for k in (_kernel(*entry) for entry in module.KERNELS)}
 
 

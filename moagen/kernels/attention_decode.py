@@ -11,6 +11,7 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.splitkeys import SplitKeys
 
 Q = array("q", "batch", "q_heads", "d")
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
@@ -41,6 +42,8 @@ SPEC = KernelSpec(
 
 def validate(sizes, scalars):
     """What the index arithmetic assumes: whole groups, and valid rows inside the cache."""
+    if sizes["n"] < 1:
+        raise ValueError("attention_decode: n must be at least 1 (a softmax over no rows)")
     if sizes["q_heads"] % sizes["kv_heads"]:
         raise ValueError(f"attention_decode: kv_heads = {sizes['kv_heads']} does not divide "
                          f"q_heads = {sizes['q_heads']}")
@@ -50,6 +53,7 @@ def validate(sizes, scalars):
 
 
 HEADS = ("b", "h")
+KEY_SPLITS = 16  # slices of the cache per query row: enough for every core of a node
 ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, name="heads"),
        Hoist())
 VARIANTS = {
@@ -57,6 +61,11 @@ VARIANTS = {
     "dnf": (frozenset(), ROW + (Parallel(HEADS),)),
     # one pass, running max and sum
     "online": (frozenset(), ROW + (OnlineSoftmax("heads"), Parallel(HEADS))),
+    # the valid rows cut into slices run in parallel, merged by their logsumexp
+    "split": (frozenset(), ROW + (OnlineSoftmax("heads"),
+                                  SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS),
+                                  Parallel(HEADS + ("s",), nest="heads.partial"),
+                                  Parallel(HEADS, nest="heads.merge"))),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

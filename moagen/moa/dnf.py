@@ -277,7 +277,8 @@ def _flat(e) -> str:
     if isinstance(e, S.Un):
         return f"{e.fn}({_flat(e.arg)})"
     if isinstance(e, S.Select):
-        return f"({_flat(e.then)} if {e.cond} else {_flat(e.other)})"
+        cond = f"{e.cond.lhs} == {e.cond.rhs}" if isinstance(e.cond, sympy.Eq) else str(e.cond)
+        return f"({_flat(e.then)} if {cond} else {_flat(e.other)})"
     if isinstance(e, S.Reduction):
         return f"{_reduction_head(e)}({_flat(e.body)})"
     raise TypeError(e)

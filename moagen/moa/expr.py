@@ -17,7 +17,7 @@ from moagen.errors import SpecError
 Shape = Tuple[sympy.Expr, ...]
 
 BINARY_OPS = ("+", "-", "*", "/", "max", "min")
-COMPARISONS = ("<", "<=", ">", ">=")  # only in a Where's condition, on indices
+COMPARISONS = ("<", "<=", ">", ">=", "==")  # only in a Where's condition, on indices
 UNARY_FNS = ("exp", "log", "sqrt", "rsqrt", "silu", "neg")
 REDUCE_OPS = ("+", "max")
 
@@ -128,7 +128,8 @@ class Iota(Expr):
 @dataclass(frozen=True)
 class Where(Expr):
     """`then` where `cond` holds, else `other`; cond compares indices (built from iota), so
-    that it can become an index condition in the generated code."""
+    that it can become an index condition in the generated code. A shape-() condition
+    chooses between whole branches."""
     cond: Expr
     then: Expr
     other: Expr

@@ -71,12 +71,12 @@ def _rule(node, path, kids) -> E.Shape:
     if isinstance(node, E.Iota):
         return (node.count,)
     if isinstance(node, E.Where):
-        cond, then, other = kids
-        if not all(k == () or same_shape(k, cond) for k in (then, other)):
-            raise ShapeError(f"{path}: Where needs branches of the condition's shape "
-                             f"{fmt_shape(cond)} (or scalars), but got {fmt_shape(then)} and "
-                             f"{fmt_shape(other)}")
-        return cond
+        shapes = [k for k in kids if k != ()]
+        if any(not same_shape(k, shapes[0]) for k in shapes):
+            cond, then, other = (fmt_shape(k) for k in kids)
+            raise ShapeError(f"{path}: Where needs condition and branches of one shape (or "
+                             f"scalars), but got {cond}, {then} and {other}")
+        return shapes[0] if shapes else ()
     if isinstance(node, E.Psi):
         (s,) = kids
         if len(node.index) > len(s):

@@ -82,6 +82,7 @@ def infer_sizes(buffers, arrays) -> dict:
 def evaluate_dnf(dnf, arrays: dict, scalars: dict) -> dict:
     """Every definition of the DNF (temporaries and outputs), by name, as float64 arrays."""
     sizes = infer_sizes(dnf.spec.inputs, arrays)
+    sizes.update({g: int(scalars[g]) for g in dnf.spec.given})
     store = {name: np.array(a, dtype=np.float64) for name, a in arrays.items()}
     machine = _Machine(store, _params(dnf.spec.scalars, scalars))
     for d in dnf.definitions:  # temporaries come first, so later bodies can read them
@@ -100,6 +101,8 @@ def run_onf(onf, arrays: dict, scalars: dict) -> dict:
     """Execute the ONF sequentially (parallel marks ignored); the outputs by name, shaped
     as their buffers. Outputs start as NaN, so an element no statement writes shows."""
     sizes = infer_sizes(onf.inputs, arrays)
+    # sizes no input's shape gives (a KV cache's valid rows) come with the scalars
+    sizes.update({s.name: int(scalars[s.name]) for s in onf.sizes if s.name not in sizes})
     order = ORDER[onf.layout]
     shapes = {b.name: tuple(index_fn(s)(sizes) for s in b.shape)
               for b in onf.inputs + onf.outputs + onf.temps}

@@ -81,6 +81,7 @@ class ONF:
     nests: Tuple[Nest, ...]
     layout: str = "row"
     schedule: Tuple[str, ...] = ()  # the transformations applied, for the dump
+    inout: Tuple[str, ...] = ()  # inputs the kernel updates in place
     flat: bool = False  # True once the layout step turned every index into an offset
 
     def with_nests(self, nests, step=None):
@@ -135,6 +136,7 @@ def format_onf(onf: ONF) -> str:
     lines = [f"kernel {onf.name}, variant {onf.variant}, layout {onf.layout}-major",
              f"  inputs:   {buffers(onf.inputs)}",
              f"  outputs:  {buffers(onf.outputs)}",
+             f"  in place: {', '.join(onf.inout) or '(none)'}",
              f"  temps:    {buffers(onf.temps)}",
              f"  scalars:  {', '.join(onf.scalars) or '(none)'}",
              f"  schedule: {'; '.join(onf.schedule) or '(none)'}",

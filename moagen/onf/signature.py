@@ -3,6 +3,8 @@ raw arrays plus integer sizes plus scalar parameters, in this order:
 
     arrays (inputs, outputs, then scratch), sizes (int64), scalars (the kernel's float type)
 
+An input may be updated in place (intent "inout": a KV cache receiving a row).
+
 Kernels return nothing and never allocate: scratch arrays (the full-size temporaries of a
 variant that materializes them) are allocated by the Python caller and passed in, so an
 allocation failure is a Python MemoryError, never a crash inside native code.
@@ -24,7 +26,7 @@ LAYOUTS = ("row", "col")
 class ArrayParam:
     name: str
     shape: Tuple[sympy.Expr, ...]  # symbolic, in terms of the size symbols
-    intent: str  # "in", "out" or "scratch"
+    intent: str  # "in", "inout" (an input updated in place), "out" or "scratch"
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,8 @@ class Signature:
 
     @property
     def inputs(self):
-        return tuple(a for a in self.arrays if a.intent == "in")
+        """What the caller passes: read-only inputs and inputs updated in place."""
+        return tuple(a for a in self.arrays if a.intent in ("in", "inout"))
 
     @property
     def outputs(self):

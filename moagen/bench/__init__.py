@@ -1,0 +1,1 @@
+"""Benchmarks run by `moagen bench ...`: one module per benchmark."""

@@ -1,0 +1,44 @@
+"""Append one row per (batch, KV head) to a preallocated KV cache: the new K and V rows go to
+row n of the caches (n rows are valid before the call), in place, in O(d) per head."""
+from moagen.moa.expr import BinOp, array, dim, iota, lift, psi, where
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.inplace import InPlace
+from moagen.onf.schedule import Parallel
+
+K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
+V_CACHE = array("V", "batch", "kv_heads", "cap", "d")
+K_NEW = array("k_new", "batch", "kv_heads", "d")
+V_NEW = array("v_new", "batch", "kv_heads", "d")
+
+
+def _appended(cache, row):
+    """The cache with `row` as its row n: as a value, a whole new cache."""
+    is_row_n = BinOp("==", psi(("r",), iota("cap")), dim("n"))
+    return lift(("b", "g", "r"), ("batch", "kv_heads", "cap"),
+                where(is_row_n, psi(("b", "g"), row), psi(("b", "g", "r"), cache)))
+
+
+SPEC = KernelSpec(
+    name="kv_append",
+    inputs=(K_CACHE, V_CACHE, K_NEW, V_NEW),
+    scalars=(),
+    given=("n",),
+    outputs=(Output("K_out", _appended(K_CACHE, K_NEW), ("b", "g", "r", "c")),
+             Output("V_out", _appended(V_CACHE, V_NEW), ("b", "g", "r", "c"))),
+)
+
+
+def validate(sizes, scalars):
+    """Row n must exist: nothing is written outside the cache."""
+    if sizes["n"] >= sizes["cap"]:
+        raise ValueError(f"kv_append: the cache is full: row n = {sizes['n']} is beyond its "
+                         f"capacity of {sizes['cap']} rows")
+
+
+VARIANTS = {
+    # only row n of each cache is written, into the caches themselves
+    "dnf": (frozenset(), (InPlace("K_out", "K"), InPlace("V_out", "V"),
+                          Parallel(("b", "g")))),
+}
+
+KERNELS = [(SPEC, VARIANTS, validate)]
