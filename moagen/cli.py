@@ -62,7 +62,28 @@ def _parser():
     p.add_argument("--variant", action="append")
     p.add_argument("--dtype", choices=DTYPES, action="append")
     p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser("bench", help="benchmarks: memory")
+    bench = p.add_subparsers(required=True, metavar="BENCHMARK")
+    _bench_memory_parser(bench)
     return parser
+
+
+def _bench_memory_parser(bench):
+    from moagen.bench.memory import DEFAULT_KERNELS, DEFAULT_SIZES
+    from moagen.onf.signature import DTYPES
+
+    p = bench.add_parser("memory", help="the extra peak memory of one call of each kernel variant, "
+                                        "each in a fresh process, next to the ONF's temps")
+    p.add_argument("--kernels", nargs="+", default=DEFAULT_KERNELS, metavar="KERNEL[:VARIANT]",
+                   help="a kernel (every variant) or one variant of it; default: "
+                        + " ".join(DEFAULT_KERNELS))
+    for size, default in DEFAULT_SIZES.items():
+        p.add_argument(f"--{size}", type=int, default=default)
+    p.add_argument("--dtype", choices=DTYPES, default="float64")
+    p.add_argument("--lang", choices=("c", "fortran"), default="c")  # host memory only
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write the records as JSON")
+    p.set_defaults(run=cmd_bench_memory)
 
 
 def cmd_list(args):
@@ -178,6 +199,33 @@ def cmd_verify(args):
             raise DeviceUnavailable(row.status[len("skip: "):])
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
+
+
+def cmd_bench_memory(args):
+    import time
+
+    from moagen.bench import memory
+    from moagen.kernels import get_kernel
+
+    given = {size: getattr(args, size) for size in memory.DEFAULT_SIZES}
+    cases = []  # every name checked before the first (long) run
+    for item in args.kernels:
+        name, _, variant = item.partition(":")
+        kernel = get_kernel(name)
+        sizes = memory.sizes_for(name, given)
+        variants = [kernel.variant(variant).name] if variant else list(kernel.variants)
+        cases += [(name, v, sizes) for v in variants]
+    start = time.perf_counter()
+    records = []
+    for name, variant, sizes in cases:
+        print(f"measuring {name} {variant} ...", file=sys.stderr, flush=True)
+        records.append(memory.measure(name, variant, sizes, args.dtype, args.lang))
+    print(f"extra peak memory of one call, each in a fresh process: "
+          f"{' '.join(f'{k}={v}' for k, v in given.items())}, {args.dtype}, {args.lang}")
+    print(memory.format_table(records))
+    print(f"total {time.perf_counter() - start:.0f} s (loading, building and calls)")
+    if args.json:
+        _write(args.json, memory.to_json(records))
 
 
 if __name__ == "__main__":
