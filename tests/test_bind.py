@@ -181,9 +181,19 @@ def test_several_outputs_are_checked():
     assert stub.calls == []
 
 
-def test_sizes_must_be_inferable_from_the_inputs():
+def test_a_size_no_input_determines_is_an_integer_argument():
     n = sympy.Symbol("n")
     signature = Signature("double_f64", (ArrayParam("a", (2 * n,), "in"), ArrayParam("b", (n,), "out")),
                           (n,), (), "float64")
-    with pytest.raises(ValueError, match=r"sizes \['n'\]"):
-        KernelCallable(signature, Stub())
+    stub = Stub()
+    kernel = KernelCallable(signature, stub)
+    with pytest.raises(ValueError, match="missing argument.*n"):
+        kernel(np.ones(6))
+    for bad, message in ((2.0, "must be an integer"), (True, "must be an integer"), (-1, ">= 0")):
+        with pytest.raises(ValueError, match=message):
+            kernel(np.ones(6), n=bad)
+    with pytest.raises(ValueError, match=r"expected shape \(2\*n,\) = \(8,\)"):
+        kernel(np.ones(6), n=4)
+    assert stub.calls == []
+    kernel(np.ones(6), n=3)
+    assert len(stub.calls) == 1

@@ -28,8 +28,30 @@ def _attention_reference(Q, K, V, scale, causal=False):
     if causal:  # query i sees keys j <= i
         n = scores.shape[-1]
         scores = np.where(np.tri(n, n, dtype=bool), scores, -np.inf)
-    e = np.exp(scores - scores.max(-1, keepdims=True))
-    return {"O": np.einsum("bhij,bhjc->bhic", e / e.sum(-1, keepdims=True), V)}
+    top = scores.max(-1, keepdims=True)
+    e = np.exp(scores - top)
+    total = e.sum(-1, keepdims=True)
+    return {"O": np.einsum("bhij,bhjc->bhic", e / total, V), "lse": (top + np.log(total))[..., 0]}
+
+
+def _attention_bwd_reference(Q, K, V, O, dO, lse, scale, causal=False):
+    """The gradients from the forward's O and lse; delta = rowsum(dO * O)."""
+    scores = scale * np.einsum("bhic,bhjc->bhij", Q, K)
+    if causal:
+        n = scores.shape[-1]
+        scores = np.where(np.tri(n, n, dtype=bool), scores, -np.inf)
+    P = np.exp(scores - lse[..., None])
+    dP = np.einsum("bhic,bhjc->bhij", dO, V)
+    dS = P * (dP - (dO * O).sum(-1, keepdims=True))
+    return {"dQ": scale * np.einsum("bhij,bhjc->bhic", dS, K),
+            "dK": scale * np.einsum("bhij,bhic->bhjc", dS, Q),
+            "dV": np.einsum("bhij,bhic->bhjc", P, dO)}
+
+
+def _attention_fwdbwd_reference(Q, K, V, dO, scale, causal=False):
+    forward = _attention_reference(Q, K, V, scale, causal)
+    return {**forward, **_attention_bwd_reference(Q, K, V, forward["O"], dO, forward["lse"],
+                                                  scale, causal)}
 
 
 def _rmsnorm_reference(x, weight, eps):
@@ -38,10 +60,25 @@ def _rmsnorm_reference(x, weight, eps):
 
 _rng = np.random.default_rng(11)
 _QKV = {n: _rng.standard_normal((1, 3, 5, 3)) for n in "QKV"}
+_DO = _rng.standard_normal((1, 3, 5, 3))
+
+
+def _backward_inputs(causal):
+    """Q, K, V, the forward's own O and lse (the backward assumes them consistent), dO."""
+    forward = _attention_reference(*_QKV.values(), 0.45, causal)
+    return {**_QKV, "O": forward["O"], "dO": _DO, "lse": forward["lse"]}
+
+
 PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
     "attention_fwd": (_QKV, {"scale": 0.45}, _attention_reference),
     "attention_fwd_causal": (_QKV, {"scale": 0.45},
                              lambda *args: _attention_reference(*args, causal=True)),
+    "attention_bwd": (_backward_inputs(False), {"scale": 0.45}, _attention_bwd_reference),
+    "attention_bwd_causal": (_backward_inputs(True), {"scale": 0.45},
+                             lambda *args: _attention_bwd_reference(*args, causal=True)),
+    "attention_fwdbwd": ({**_QKV, "dO": _DO}, {"scale": 0.45}, _attention_fwdbwd_reference),
+    "attention_fwdbwd_causal": ({**_QKV, "dO": _DO}, {"scale": 0.45},
+                                lambda *args: _attention_fwdbwd_reference(*args, causal=True)),
     "rmsnorm_fwd": ({"x": _rng.standard_normal((3, 5, 7)), "weight": _rng.standard_normal(7)},
                     {"eps": 0.1}, _rmsnorm_reference),
 }
@@ -114,7 +151,7 @@ def _split_everywhere(onf, var, tile):
     """Split var in each nest that has such a loop (a nest-less Split wants it in all)."""
     for nest in onf.nests:
         if any(isinstance(s, Loop) and s.var.name == var for s in walk(nest.body)):
-            onf = Split(var, tile, nest.target)(onf)
+            onf = Split(var, tile, nest.label)(onf)
     return onf
 
 
@@ -177,14 +214,16 @@ def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
     _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
 
 
-@pytest.mark.parametrize("kernel, loops", [
-    ("attention_fwd", ("b",)),
-    ("attention_fwd", ("b", "h", "i", "c")),
-    ("rmsnorm_fwd", ("b", "i", "c")),
+@pytest.mark.parametrize("kernel, loops, nest", [
+    ("attention_fwd", ("b",), None),
+    ("attention_fwd", ("b", "h", "i"), None),
+    ("attention_fwd", ("b", "h", "i", "c"), "O"),  # lse has no loop over c
+    ("rmsnorm_fwd", ("b", "i", "c"), None),
 ])
-def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops):
-    onf = Parallel(loops)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
-    assert [n.body[0].parallel for n in onf.nests] == [len(loops)] * len(onf.nests)
+def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops, nest):
+    onf = Parallel(loops, nest)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
+    marked = [len(loops) if nest in (None, n.label) else 0 for n in onf.nests]
+    assert [n.body[0].parallel for n in onf.nests] == marked
     _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
 
 
@@ -221,7 +260,7 @@ def _arrays_touched(onf):
     return touched
 
 
-@pytest.mark.parametrize("variant", ["naive", "dnf"])
+@pytest.mark.parametrize("variant", get_kernel("attention_fwd").variants)
 def test_only_naive_attention_has_n_by_n_temporaries(variant):
     onf = realize(_dnf("attention_fwd", variant), variant,
                   get_kernel("attention_fwd").variant(variant).schedule)
@@ -230,7 +269,7 @@ def test_only_naive_attention_has_n_by_n_temporaries(variant):
         assert square == {"scores", "probs"} == {t.name for t in onf.temps}
     else:
         assert square == set() and onf.temps == ()
-    assert _arrays_touched(onf) == {"Q", "K", "V", "O"} | square
+    assert _arrays_touched(onf) == {"Q", "K", "V", "O", "lse"} | square
 
 
 # ---- accumulate ------------------------------------------------------------------------

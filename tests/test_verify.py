@@ -30,14 +30,26 @@ def test_every_kernel_has_verification_cases():
     assert set(verify.CHECKS) == set(KERNELS)
 
 
-def test_a_wrong_kernel_fails_verification():
-    """The check can fail: an output off by a relative 1e-9 is far outside float64's bound."""
+@pytest.mark.parametrize("kernel, sizes, wrong", [
+    ("attention_fwd", dict(batch=1, heads=1, n=5, d=3), "O"),
+    ("attention_fwd", dict(batch=1, heads=1, n=5, d=3), "lse"),  # not only the first output
+    ("rmsnorm_fwd", dict(batch=1, n=5, d=3), "z"),  # a kernel returning one array, not a tuple
+])
+def test_a_wrong_kernel_fails_verification(kernel, sizes, wrong):
+    """The check can fail: one output off by a relative 1e-9 is far outside float64's bound."""
     def perturbed(*args, **kwargs):
         fn = runtime.load(*args, **kwargs)
-        return lambda *a, **k: fn(*a, **k) * (1 + 1e-9)
+        names = [p.name for p in fn.signature.outputs]
 
-    row = verify.check_case("attention_fwd", "dnf", "c", "float64", dict(batch=1, heads=1, n=5, d=3),
-                            load=perturbed)
+        def call(*a, **k):
+            outputs = fn(*a, **k)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            outputs = tuple(o * (1 + 1e-9) if name == wrong else o
+                            for name, o in zip(names, outputs))
+            return outputs if len(outputs) > 1 else outputs[0]
+        return call
+
+    row = verify.check_case(kernel, "dnf", "c", "float64", sizes, load=perturbed)
     assert row.status == "FAIL" and row.failed
 
 

@@ -7,6 +7,9 @@ outputs and writes them, resets the peak resident memory the kernel keeps for it
 reads VmHWM. The extra peak, VmHWM - VmRSS, is what the call itself needed: the variant's
 scratch and the OpenMP threads' stacks, not its arguments. The ONF predicts the scratch:
 the sum over its temps of elements x itemsize.
+
+Linux counts resident pages in per-CPU counters and reports their sum to within some pages
+per CPU, so extra peaks below about a MiB (a row-wise variant's) are at the noise floor.
 """
 import json
 import os
@@ -140,6 +143,7 @@ def format_table(records) -> str:
                      f"{format_bytes(r.extra_bytes):>11} {ratio:>11} {r.seconds:>7.2f} s")
     if naive is not None:
         lines.append(f"naive = {naive.kernel} naive")
+    lines.append("extra peaks under about 1 MiB are at the resolution of Linux's RSS counters")
     return "\n".join(lines)
 
 

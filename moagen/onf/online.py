@@ -48,7 +48,7 @@ class OnlineSoftmax:
             match = _match(stmts, pos)
             if match:
                 found.append(s)
-                return tuple(_rewrite(stmts, match, names))
+                return tuple(_rewrite(stmts, match, names, self))
         return tuple(stmts)
 
 
@@ -86,12 +86,12 @@ def _exprs(s):
     return (s.value,) if isinstance(s, (Let, Update, Store)) else ()
 
 
-def _rewrite(stmts, match, names):
+def _rewrite(stmts, match, names, transform):
     mpos, lpos, jpos, f = match
     m, l, loop = stmts[mpos].name, stmts[lpos].name, stmts[jpos]
     between = [s for k, s in enumerate(stmts[mpos + 1:jpos], mpos + 1) if k != lpos]
     if any({m, l} & S.free_names(e) for s in walk(between) for e in _exprs(s)):
-        raise ScheduleError("online_softmax: the row max or sum is used before the fused loop")
+        raise ScheduleError(f"{transform}: the row max or sum is used before the fused loop")
     fresh = {}
     for role in ("score", "new_max", "rescale", "p"):
         fresh[role] = names.claim(names.new(role))
@@ -106,10 +106,10 @@ def _rewrite(stmts, match, names):
 
     body = _propagate_copies([map_stmt_exprs(s, replace_quotient) for s in loop.body])
     if any({m, l} & S.free_names(e) for s in walk(body) for e in _exprs(s)):
-        raise ScheduleError("online_softmax: the loop uses the row max or sum other than in "
+        raise ScheduleError(f"{transform}: the loop uses the row max or sum other than in "
                             "exp(f - max) / sum")
     rescaled = []
-    body = [_rescale(s, rescale.name, rescaled, ()) for s in body]
+    body = [_rescale(s, rescale.name, rescaled, (), transform) for s in body]
     head = [Let(fresh["score"], f),
             Let(fresh["new_max"], S.Bin("max", S.Local(m), score)),
             Let(fresh["rescale"], S.Un("exp", S.Bin("-", S.Local(m), new_max))),
@@ -138,13 +138,14 @@ def _propagate_copies(stmts):
     return out
 
 
-def _rescale(s, rescale, rescaled, loops):
+def _rescale(s, rescale, rescaled, loops, transform):
     """X += v becomes X = X * rescale + v; each such store is listed with its loops."""
     if isinstance(s, Loop):
-        return replace(s, body=tuple(_rescale(b, rescale, rescaled, loops + (s,)) for b in s.body))
+        return replace(s, body=tuple(_rescale(b, rescale, rescaled, loops + (s,), transform)
+                                     for b in s.body))
     if isinstance(s, Store):
         if s.accumulate != "+" or s.atomic:
-            raise ScheduleError("online_softmax: a store in the fused loop does not accumulate "
+            raise ScheduleError(f"{transform}: a store in the fused loop does not accumulate "
                                 "a sum")
         rescaled.append((s, loops))
         old = S.Bin("*", S.Access(s.array, s.index), S.Local(rescale))

@@ -1,0 +1,100 @@
+"""Paper V, result 1: atomic contention. The fused forward+backward parallel over query rows
+(`attention_fwdbwd` atomic: atomic dK and dV) against the owner split (dK, dV parallel over
+key rows, no atomics) and against a separate forward and backward (`attention_fwd` dnf then
+`attention_bwd` atomic, atomic dK only), with the atomic updates each performs, counted
+from its ONF."""
+import os
+import sys
+
+import sympy
+
+from moagen.bench import cases, sweep
+from moagen.bench.machine import summary as machine_summary
+
+FUSED = ("attention_fwdbwd", ("atomic", "owner"))
+SEPARATE = (("attention_fwd", "dnf"), ("attention_bwd", "atomic"))
+
+
+def atomic_count(kernel, variant, sizes) -> int:
+    from moagen.codegen.emit import onf_of
+    from moagen.onf.count import atomic_updates
+    onf = onf_of(kernel, variant)
+    env = {s: sizes[s.name] for s in onf.sizes}
+    return sum(int(sympy.sympify(c).subs(env)) for c in atomic_updates(onf).values())
+
+
+def plan(ns, langs, repeats):
+    groups = []
+    for lang in langs:
+        for n in ns:
+            groups.append(dict(kernel=FUSED[0], dtype="float64", sizes=cases.sizes(FUSED[0], n),
+                               impls=[[lang, v] for v in FUSED[1]]))
+            groups += [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n), impls=[[lang, v]])
+                       for k, v in SEPARATE]
+    return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
+
+
+def rows(records):
+    """Per language and n: the three times and the three atomic counts."""
+    time = {(r["kernel"], r["variant"], r["lang"], r["sizes"]["n"]): r["median_s"] for r in records
+            if r["record"] == "result"}
+    out = []
+    for (kernel, variant, lang, n) in time:
+        if kernel != FUSED[0] or variant != "atomic":
+            continue
+        sizes = cases.sizes(kernel, n)
+        separate = sum(time[(k, v, lang, n)] for k, v in SEPARATE)
+        out.append(dict(lang=lang, n=n, atomic_s=time[(kernel, "atomic", lang, n)],
+                        owner_s=time[(kernel, "owner", lang, n)], separate_s=separate,
+                        atomic_updates=atomic_count(kernel, "atomic", sizes),
+                        owner_updates=atomic_count(kernel, "owner", sizes),
+                        separate_updates=sum(atomic_count(k, v, cases.sizes(k, n)) for k, v in SEPARATE)))
+    return out
+
+
+def format_table(table) -> str:
+    lines = [f"{'lang':<8} {'n':>6} {'atomic ms':>10} {'owner ms':>10} {'separate ms':>12} "
+             f"{'atomic/sep':>10} {'owner/sep':>10} {'atomic/owner':>12} "
+             f"{'atomics: fused':>15} {'separate':>12} {'ratio':>6}"]
+    for r in table:
+        ratio = r["atomic_updates"] / r["separate_updates"] if r["separate_updates"] else float("nan")
+        lines.append(f"{r['lang']:<8} {r['n']:>6} {r['atomic_s'] * 1e3:>10.2f} {r['owner_s'] * 1e3:>10.2f} "
+                     f"{r['separate_s'] * 1e3:>12.2f} {r['atomic_s'] / r['separate_s']:>10.3f} "
+                     f"{r['owner_s'] / r['separate_s']:>10.3f} {r['atomic_s'] / r['owner_s']:>12.2f} "
+                     f"{r['atomic_updates']:>15,} {r['separate_updates']:>12,} {ratio:>6.2f}")
+    lines.append(f"owner: {table[0]['owner_updates'] if table else 0} atomics; separate = "
+                 f"{' + '.join(f'{k} {v}' for k, v in SEPARATE)}; time ratios are fused/separate "
+                 f"(paper V: 0.920 atomic, 0.401 owner on an H200)")
+    return "\n".join(lines)
+
+
+def figure(table, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for lang in sorted({r["lang"] for r in table}):
+        mine = sorted((r for r in table if r["lang"] == lang), key=lambda r: r["n"])
+        for key, style in (("atomic", "o-"), ("owner", "s-")):
+            ax.plot([r["n"] for r in mine], [r[f"{key}_s"] / r["separate_s"] for r in mine], style,
+                    label=f"fused {key} / separate ({lang})")
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="n", ylabel="time, fused / separate", title="atomics vs owner")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    from moagen.bind import cuda
+    langs = [cases.check_impl(lang) for lang in args.lang or
+             (["c", "cuda"] if cuda.available() else ["c"])]
+    results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
+    records = sweep.run(plan(args.n, langs, args.repeats), results)
+    table = rows(records)
+    print(f"machine: {machine_summary(results.machine)}; {os.cpu_count()} threads")
+    print(format_table(table))
+    print(f"figure: {figure(table, args.out.with_suffix('.png'))}")
+

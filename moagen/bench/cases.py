@@ -1,0 +1,105 @@
+"""What a sweep runs: each kernel's sizes as a function of one length n, and the callables
+timed on the same inputs: generated kernels per language and the numpy and PyTorch
+references (moagen.verify.CHECKS), which compute the same outputs."""
+import numpy as np
+
+from moagen.errors import DeviceUnavailable, UnknownNameError
+
+BASELINES = ("numpy", "torch")
+NO_RESTRICT = "c-norestrict"  # C printed without `restrict` (the c-vs-fortran ablation)
+KERNEL_LANGS = ("c", "fortran", "cuda", NO_RESTRICT)
+
+
+def sizes(kernel: str, n: int) -> dict:
+    """Sizes of a transformer layer's shape, at sequence (or cache) length n."""
+    if kernel.startswith("attention_decode"):
+        return dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)
+    if kernel.startswith("kv_append"):
+        return dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n)
+    if kernel.startswith("rmsnorm"):
+        return dict(batch=1, n=n, d=1024)
+    return dict(batch=1, heads=4, n=n, d=64)
+
+
+# sequence lengths per kernel family: (quick, full)
+LENGTHS = {"attention": ((128,), (256, 1024, 2048)),
+           "attention_decode": ((4096,), (1024, 8192, 32768)),
+           "kv_append": ((4096,), (1024, 32768)),
+           "rmsnorm": ((1024,), (1024, 8192))}
+
+
+def lengths(kernel: str, quick: bool):
+    family = next((f for f in sorted(LENGTHS, key=len, reverse=True) if kernel.startswith(f)))
+    return LENGTHS[family][0 if quick else 1]
+
+
+def check_impl(lang: str):
+    if lang not in KERNEL_LANGS + BASELINES:
+        raise UnknownNameError(f"unknown language {lang!r}; expected one of "
+                               f"{', '.join(KERNEL_LANGS + BASELINES)}")
+    if lang == "cuda":
+        from moagen.bind import cuda
+        if not cuda.available():
+            raise DeviceUnavailable("CUDA requested but no GPU (or no pycuda) is available here")
+    return lang
+
+
+def scalars(kernel: str, sizes: dict) -> dict:
+    """The call's scalars, and the sizes no input shape determines (a cache's valid rows)."""
+    from moagen.kernels import get_kernel
+    from moagen.verify import CHECKS
+    return dict(CHECKS[kernel].scalars(sizes), **{g: sizes[g] for g in get_kernel(kernel).spec.given})
+
+
+def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
+    """The kernel's inputs, consistent where they depend on each other (a backward's O, lse),
+    copied into arrays from `empty` (which decides where their pages are first touched)."""
+    from moagen.codegen.emit import onf_of
+    from moagen.codegen.printer import signature
+    from moagen.verify import CHECKS, make_inputs
+    sig = signature(onf_of(kernel), dtype)
+    arrays = make_inputs(sig, sizes, scalars(kernel, sizes), CHECKS[kernel], np.random.default_rng(seed))
+    placed = [empty(a.shape, a.dtype) for a in arrays]
+    for dst, src in zip(placed, arrays):
+        np.copyto(dst, src)
+    return placed
+
+
+def kernel_callable(kernel: str, variant: str, lang: str, dtype: str):
+    """A callable(*inputs, out=None, **scalars) for a generated kernel or a baseline."""
+    from moagen import runtime
+    from moagen.verify import CHECKS
+    if lang in BASELINES:
+        reference = CHECKS[kernel].references[lang]
+        return lambda *args, out=None, **kw: reference(*args, **kw)
+    if lang == NO_RESTRICT:
+        return _load_without_restrict(kernel, variant, dtype)
+    return runtime.load(kernel, variant, lang, dtype)
+
+
+def _load_without_restrict(kernel, variant, dtype):
+    from moagen.bind import bind, load_library
+    from moagen.codegen.c import CPrinter
+    from moagen.codegen.emit import onf_of, stem
+    from moagen.codegen.printer import render, signature
+    from moagen.kernels import get_kernel
+
+    class Plain(CPrinter):
+        restrict = ""
+
+    onf = onf_of(kernel, variant)
+    source = render("c/kernel.c.j2", banner=[f"{onf.name} {onf.variant}, printed without restrict"],
+                    functions=[Plain(onf, dtype).function()])
+    library = load_library(source, "c", stem(kernel, onf.variant) + "_norestrict")
+    return bind(library, signature(onf, dtype), "c", validate=get_kernel(kernel).validate)
+
+
+def outputs(fn, sizes):
+    """Preallocated outputs of a generated kernel (None for baselines and in-place kernels),
+    so that timed calls allocate nothing."""
+    sig = getattr(fn, "signature", None)
+    if sig is None or not sig.outputs:
+        return None
+    env = {s: sizes[s.name] for s in sig.sizes}
+    outs = tuple(np.empty(tuple(int(d.subs(env)) for d in p.shape), sig.dtype) for p in sig.outputs)
+    return outs if len(outs) > 1 else outs[0]

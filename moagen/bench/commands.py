@@ -1,0 +1,75 @@
+"""The command-line parsers of `moagen bench` (the sweep and the paper's experiments),
+`moagen report` and `moagen slurm`; moagen/cli.py adds them to its own."""
+from pathlib import Path
+
+from moagen.bench.suite import DEFAULT_OUT
+
+
+def add_parsers(bench, benchmarks, top):
+    """bench: the `bench` parser (the sweep's options); benchmarks: its subcommands;
+    top: the top-level subcommands."""
+    from moagen.onf.signature import DTYPES
+
+    bench.add_argument("--quick", action="store_true", help="a sanity sweep, under a minute")
+    bench.add_argument("--kernels", nargs="+", metavar="KERNEL", help="default: every kernel")
+    bench.add_argument("--lang", action="append", metavar="LANG",
+                       help="c, fortran, cuda, c-norestrict (repeatable; default c and fortran)")
+    bench.add_argument("--threads", type=int, nargs="+", help="default: 1, 2, 4, ... the cores")
+    bench.add_argument("--n", type=int, nargs="+", help="lengths (default: per kernel)")
+    bench.add_argument("--dtype", choices=DTYPES, default="float64")
+    bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
+    bench.set_defaults(run=_run("moagen.bench.suite"))
+
+    p = benchmarks.add_parser("atomics", help="paper V, result 1: fused atomic vs owner vs "
+                                              "separate forward and backward")
+    p.add_argument("--n", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--lang", action="append", metavar="LANG", help="default: c (and cuda with a GPU)")
+    _experiment_options(p, "atomics")
+
+    p = benchmarks.add_parser("topology", help="paper V, result 2: decode over threads, binding, "
+                                               "first touch and parallel regions per call")
+    p.add_argument("--n", type=int, nargs="+", default=[1024, 32768])
+    p.add_argument("--max-threads", type=int, help="default: 4 x the cores")
+    _experiment_options(p, "topology")
+
+    p = benchmarks.add_parser("c-vs-fortran", help="paper V, result 3: the same ONF in C (with "
+                                                   "and without restrict) and Fortran")
+    p.add_argument("--kernels", nargs="+", metavar="KERNEL[:VARIANT]")
+    p.add_argument("--n", type=int, help="default: per kernel")
+    p.add_argument("--valgrind", action="store_true",
+                   help="also count instructions and cache misses under cachegrind (slow)")
+    _experiment_options(p, "languages")
+
+    p = top.add_parser("report", help="summary (markdown) and plots of a benchmark results file")
+    p.add_argument("results", type=Path)
+    p.add_argument("--run", help="the run's id (default: the latest in the file)")
+    p.add_argument("--out", type=Path, help="folder (default: RESULTS without its suffix)")
+    p.set_defaults(run=_report)
+
+    p = top.add_parser("slurm", help="write a Slurm batch script that runs the topology sweep "
+                                     "on a cluster node")
+    p.add_argument("--partition")
+    p.add_argument("--cores", type=int, required=True, help="cores of the node")
+    p.add_argument("--numa-nodes", type=int, default=1)
+    p.add_argument("--time", default="01:00:00")
+    p.add_argument("-o", "--output", type=Path, help="default: print it")
+    p.set_defaults(run=_run("moagen.bench.slurm"))
+
+
+def _experiment_options(p, module):
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT.with_name(f"{p.prog.split()[-1]}.jsonl"),
+                   help="JSON-lines file, appended to; the figure goes beside it")
+    p.set_defaults(run=_run(f"moagen.bench.{module}"))
+
+
+def _run(module):
+    def run(args):
+        import importlib
+        return importlib.import_module(module).main(args)
+    return run
+
+
+def _report(args):
+    from moagen.bench import report
+    print(report.write(args.results, args.run, args.out).read_text())

@@ -1,0 +1,143 @@
+"""Paper V, result 3: the same ONF in C and in Fortran, same compiler family and flags, per
+kernel, with the ablation that prints the C without `restrict` (Fortran dummy arrays may
+not alias; C pointers may, unless declared restrict). With --valgrind, each language also
+runs once under callgrind (one thread, -march=x86-64-v3, which valgrind can decode),
+counting the kernel's instructions, data reads and writes and cache misses: the stall
+proxy where no hardware counters are readable."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from moagen.bench import cases, sweep
+from moagen.bench.machine import summary as machine_summary
+from moagen.errors import CompilerNotFound
+
+LANGS = ("c", "c-norestrict", "fortran")
+DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
+                   "rmsnorm_fwd")
+VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
+EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
+
+
+def targets(items):
+    """KERNEL[:VARIANT] -> [(kernel, variant)], every variant when none is named."""
+    from moagen.kernels import get_kernel
+    out = []
+    for item in items or DEFAULT_KERNELS:
+        name, _, variant = item.partition(":")
+        kernel = get_kernel(name)
+        out += [(kernel.name, kernel.variant(variant).name)] if variant else \
+            [(kernel.name, v) for v in kernel.variants]
+    return out
+
+
+def default_length(kernel):
+    lengths = cases.lengths(kernel, quick=False)
+    return lengths[len(lengths) // 2]
+
+
+def plan(pairs, n, repeats):
+    groups = [dict(kernel=k, dtype="float64", sizes=cases.sizes(k, n or default_length(k)),
+                   impls=[[lang, v] for lang in LANGS]) for k, v in pairs]
+    return [sweep.Job(sweep.Setting(os.cpu_count()), groups, repeats=repeats)]
+
+
+def callgrind(kernel, variant, lang, sizes) -> dict:
+    """The kernel's own event counts (callees included) from one call under callgrind."""
+    from moagen.codegen.emit import onf_of
+    from moagen.codegen.printer import signature
+    if not _which("valgrind"):
+        raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
+    symbol = signature(onf_of(kernel, variant), "float64").name
+    job = dict(groups=[dict(kernel=kernel, dtype="float64", sizes=sizes, impls=[[lang, variant]])],
+               warmup=0, repeats=1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MOAGEN_CFLAGS=VALGRIND_FLAGS + " -std=c99", MOAGEN_FFLAGS=VALGRIND_FLAGS)
+    # build natively first: under valgrind the compilers would run too, slowly
+    subprocess.run([sys.executable, "-m", "moagen.bench.worker", json.dumps(job)], env=env,
+                   check=True, capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes",
+                        f"--toggle-collect=*{symbol}*", f"--callgrind-out-file={out}",
+                        sys.executable, "-m", "moagen.bench.worker", json.dumps(job)],
+                       env=env, check=True, capture_output=True)
+        return parse_callgrind(out.read_text())
+
+
+def parse_callgrind(text: str) -> dict:
+    events = re.search(r"^events:\s*(.*)$", text, re.MULTILINE).group(1).split()
+    totals = re.search(r"^(?:summary|totals):\s*(.*)$", text, re.MULTILINE).group(1).split()
+    counts = dict(zip(events, map(int, totals)))
+    return {e: counts.get(e, 0) for e in EVENTS}
+
+
+def _which(program):
+    import shutil
+    return shutil.which(program)
+
+
+def table(records) -> list:
+    by = {}
+    for r in records:
+        if r["record"] == "result":
+            by.setdefault((r["kernel"], r["variant"], r["sizes"]["n"]), {})[r["lang"]] = r["median_s"]
+    return [dict(kernel=k, variant=v, n=n, **{lang: t[lang] for lang in LANGS}) for (k, v, n), t in by.items()]
+
+
+def format_table(rows, counts=None) -> str:
+    lines = [f"{'kernel':<18} {'variant':<7} {'n':>6} {'C ms':>9} {'C-norestr ms':>12} "
+             f"{'Fortran ms':>10} {'F/C':>6} {'C-nor/C':>8}"]
+    for r in rows:
+        lines.append(f"{r['kernel']:<18} {r['variant']:<7} {r['n']:>6} {r['c'] * 1e3:>9.2f} "
+                     f"{r['c-norestrict'] * 1e3:>12.2f} {r['fortran'] * 1e3:>10.2f} "
+                     f"{r['fortran'] / r['c']:>6.2f} {r['c-norestrict'] / r['c']:>8.2f}")
+    lines.append("F/C > 1: C is faster; C-nor/C > 1: restrict helps")
+    for (kernel, variant, n), per_lang in (counts or {}).items():
+        lines.append(f"callgrind, {kernel} {variant} n={n}, 1 thread, {VALGRIND_FLAGS}:")
+        lines.append(f"  {'lang':<13}" + "".join(f"{e:>15}" for e in EVENTS))
+        for lang, c in per_lang.items():
+            lines.append(f"  {lang:<13}" + "".join(f"{c[e]:>15,}" for e in EVENTS))
+    return "\n".join(lines)
+
+
+def figure(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4.5))
+    x = np.arange(len(rows))
+    for k, lang in enumerate(LANGS):
+        ax.bar(x + (k - 1) * 0.27, [r[lang] / r["c"] for r in rows], 0.27, label=lang)
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_xticks(x, [f"{r['kernel']}\n{r['variant']}" for r in rows], fontsize=7, rotation=30)
+    ax.set(ylabel="time / C time", title="C vs Fortran, same ONF")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(args):
+    pairs = targets(args.kernels)
+    results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
+    rows = table(sweep.run(plan(pairs, args.n, args.repeats), results))
+    counts = {}
+    if args.valgrind:
+        for kernel, variant in pairs:
+            sizes = cases.sizes(kernel, min(args.n or default_length(kernel), 256))
+            counts[(kernel, variant, sizes["n"])] = per_lang = {}
+            for lang in LANGS:
+                print(f"callgrind: {kernel} {variant} {lang} ...", file=sys.stderr, flush=True)
+                per_lang[lang] = callgrind(kernel, variant, lang, sizes)
+                results.append(dict(record="callgrind", kernel=kernel, variant=variant, lang=lang,
+                                    sizes=sizes, flags=VALGRIND_FLAGS, **per_lang[lang]))
+    print(f"machine: {machine_summary(results.machine)}; {os.cpu_count()} threads")
+    print(format_table(rows, counts))
+    print(f"figure: {figure(rows, args.out.with_suffix('.png'))}")

@@ -1,0 +1,150 @@
+"""`moagen report RESULTS`: a markdown summary and plots of one run of a JSON-lines results
+file (the latest by default): time against n per variant and language, thread scaling,
+and a roofline under this machine's measured roofs (triad bandwidth, GEMM peak)."""
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from moagen.bench import cases
+from moagen.bench.machine import summary as machine_summary
+from moagen.errors import MoagenError
+
+
+def load(path, run=None):
+    """The run record and the records of one run (the latest one when run is None)."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise MoagenError(f"cannot read results {path}: {error.strerror}") from error
+    try:
+        records = [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError as error:
+        raise MoagenError(f"{path} is not a JSON-lines results file: {error}") from error
+    runs = [r for r in records if r.get("record") == "run"]
+    if not runs:
+        raise MoagenError(f"{path} holds no benchmark run")
+    head = runs[-1] if run is None else next((r for r in runs if r["run"] == run), None)
+    if head is None:
+        raise MoagenError(f"{path} holds no run {run!r}; runs: {', '.join(r['run'] for r in runs)}")
+    return head, [r for r in records if r.get("run") == head["run"] and r is not head]
+
+
+def _key(r):
+    return r["kernel"], r["dtype"], json.dumps(r["sizes"], sort_keys=True), r["threads"], \
+        json.dumps(r["setting"], sort_keys=True)
+
+
+def with_ratios(results):
+    """Each result with baseline time / its time for every baseline measured next to it
+    (above 1: ours is faster)."""
+    base = {(_key(r), r["lang"]): r["median_s"] for r in results if r["lang"] in cases.BASELINES}
+    return [dict(r, ratios={b: base[(_key(r), b)] / r["median_s"]
+                            for b in cases.BASELINES if (_key(r), b) in base})
+            for r in results]
+
+
+def _impl(r):
+    return r["lang"] if r["lang"] in cases.BASELINES else f"{r['variant']} {r['lang']}"
+
+
+def table(results) -> str:
+    lines = ["| kernel | impl | n | threads | median ms | IQR % | GFLOP/s | GB/s | numpy/this | torch/this |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda x, f: "-" if x is None else format(x, f)
+    for r in with_ratios(results):
+        spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
+        lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
+                     f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
+                     f"{fmt(r.get('gbs'), '.2f')} | {fmt(r['ratios'].get('numpy'), '.2f')} | "
+                     f"{fmt(r['ratios'].get('torch'), '.2f')} |")
+    return "\n".join(lines)
+
+
+def write(path, run=None, out_dir=None) -> Path:
+    """The summary (markdown) and plots of one run; returns the summary's path."""
+    head, records = load(path, run)
+    out_dir = Path(out_dir or Path(path).with_suffix(""))  # results.jsonl -> results/
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MoagenError(f"cannot write the report to {out_dir}: {error.strerror}") from error
+    results = [r for r in records if r["record"] == "result"]
+    roofs = [r for r in records if r["record"] == "roof"]
+    figures = _plots(results, roofs, out_dir)
+    text = [f"# Benchmark run {head['run']}", "", f"Machine: {machine_summary(head['machine'])}",
+            "", f"Command: `{' '.join(head['command'])}`", "", "## Measured roofs", ""]
+    text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, "
+             f"GEMM (fp64) {r['gemm_gflops']:.1f} GFLOP/s" for r in roofs]
+    text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
+             "over the median; numpy/this and torch/this: the baseline's time over ours on the "
+             "same inputs in the same process (above 1: ours is faster).", "", table(results), ""]
+    text += [f"![{f.stem}]({f.name})" for f in figures]
+    summary = out_dir / "summary.md"
+    summary.write_text("\n".join(text) + "\n")
+    return summary
+
+
+def _plots(results, roofs, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    top = max((r["threads"] for r in results), default=1)
+    by_kernel = defaultdict(list)
+    for r in results:
+        by_kernel[r["kernel"]].append(r)
+    for kernel, rows in by_kernel.items():
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+        series = defaultdict(list)
+        for r in rows:
+            if r["threads"] == top:
+                series[_impl(r)].append((r["sizes"]["n"], r["median_s"]))
+        for name, points in sorted(series.items()):
+            left.plot(*zip(*sorted(points)), marker="o", label=name)
+        left.set(xscale="log", yscale="log", xlabel="n", ylabel="seconds",
+                 title=f"{kernel}: time vs n ({top} threads)")
+        left.legend(fontsize=7)
+        largest = max(r["sizes"]["n"] for r in rows)
+        scaling = defaultdict(list)
+        for r in rows:
+            if r["sizes"]["n"] == largest:
+                scaling[_impl(r)].append((r["threads"], r["median_s"]))
+        for name, points in sorted(scaling.items()):
+            points = sorted(points)
+            right.plot([t for t, _ in points], [points[0][1] / s for _, s in points], marker="o", label=name)
+        right.set(xlabel="threads", ylabel="speed-up over 1 thread",
+                  title=f"{kernel}: thread scaling at n={largest}")
+        right.legend(fontsize=7)
+        figures.append(_save(fig, out_dir / f"{kernel}.png"))
+    if roofs:
+        figures.append(_roofline(results, roofs, out_dir, plt))
+    return figures
+
+
+def _roofline(results, roofs, out_dir, plt):
+    """Roofs min(peak, bandwidth x intensity) per thread count; a point per result whose F
+    and M the cost model predicts."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    intensity = np.logspace(-3, 3, 200)
+    for roof in roofs:
+        ax.plot(intensity, np.minimum(roof["gemm_gflops"], roof["triad_gbs"] * intensity),
+                label=f"roof, {roof['threads']} thread(s)")
+    points = [r for r in results if r.get("flops") and r.get("bytes")]
+    for r in points:
+        ax.scatter(r["flops"] / r["bytes"], r["gflops"], s=12)
+    ax.set(xscale="log", yscale="log", xlabel="flops per byte (F / M)", ylabel="GFLOP/s",
+           title="roofline" + ("" if points else " (no cost model yet: roofs only)"))
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir / "roofline.png")
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path

@@ -1,0 +1,31 @@
+"""The machine's own roofs, measured: memory bandwidth by a STREAM triad (a = b + s*c,
+24 bytes an element, arrays far larger than the caches) and peak flops by a BLAS GEMM
+(numpy's matmul), both at the process's thread count. The best of a few runs counts, as
+in STREAM. The GEMM runs first: OpenMP threads left spinning after the triad slow it."""
+import time
+
+import numpy as np
+
+from moagen.bench import native
+
+
+def _best(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure(quick=False) -> dict:
+    m = 1024 if quick else 2048
+    x, y = np.ones((m, m)), np.ones((m, m))
+    x @ y  # BLAS starts its threads
+    gemm_s = _best(lambda: x @ y, 2 if quick else 4)
+    n = 1 << (22 if quick else 24)  # 32 (128) MiB an array
+    a, b, c = np.empty(n), np.ones(n), np.ones(n)
+    native.triad(a, b, c, 3.0)  # first touch, outside the timing
+    triad_s = _best(lambda: native.triad(a, b, c, 3.0), 5 if quick else 10)
+    return dict(triad_gbs=24 * n / triad_s / 1e9, gemm_gflops=2 * m ** 3 / gemm_s / 1e9,
+                triad_elements=n, gemm_n=m)

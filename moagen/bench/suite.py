@@ -1,0 +1,56 @@
+"""`moagen bench`: kernels x variants x languages x sizes x thread counts, next to the numpy
+and PyTorch baselines on the same inputs, then the summary and plots (moagen.bench.report)."""
+import os
+import sys
+from pathlib import Path
+
+from moagen.bench import cases, sweep
+
+DEFAULT_OUT = Path("bench-results/results.jsonl")
+QUICK_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
+                 "kv_append", "rmsnorm_fwd")
+
+
+def thread_counts(cores: int):
+    """1, 2, 4, ... up to the cores, and the cores themselves."""
+    counts, t = [], 1
+    while t < cores:
+        counts.append(t)
+        t *= 2
+    return counts + [cores]
+
+
+def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, baselines=True):
+    """The jobs, every name checked before anything runs."""
+    from moagen.kernels import KERNELS, get_kernel
+
+    kernels = [get_kernel(k).name for k in kernels or (QUICK_KERNELS if quick else KERNELS)]
+    langs = [cases.check_impl(lang) for lang in langs]
+    ours, theirs = [], []
+    for kernel in kernels:
+        for n in lengths or cases.lengths(kernel, quick):
+            group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n))
+            ours.append(dict(group, impls=[[lang, v] for lang in langs
+                                           for v in get_kernel(kernel).variants]))
+            theirs.append(dict(group, impls=[[b, None] for b in cases.BASELINES]))
+    repeats = 3 if quick else 5
+    # The roof, our kernels and the baselines each in a process of their own: OpenMP, BLAS
+    # and PyTorch keep thread pools of their own whose idle threads spin for a while, and
+    # two spinning pools on the same cores stall each other. The inputs are the same (seeded).
+    return [job for t in threads for job in (
+        sweep.Job(sweep.Setting(t), [], roof=True, quick=quick),
+        sweep.Job(sweep.Setting(t), ours, repeats=repeats),
+        *([sweep.Job(sweep.Setting(t), theirs, repeats=repeats)] if baselines else []))]
+
+
+def main(args):
+    from moagen.bench import report
+
+    cores = os.cpu_count()
+    threads = args.threads or ([cores] if args.quick else thread_counts(cores))
+    jobs = plan(args.kernels, args.lang or ["c", "fortran"], threads, args.dtype, args.quick, args.n)
+    results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
+    records = sweep.run(jobs, results)
+    summary = report.write(args.out, run=results.run_id)
+    print(Path(summary).read_text())
+    return 0 if records else 1

@@ -1,0 +1,62 @@
+"""One benchmark process: OpenMP reads its settings (threads, binding, places) once, at
+process start, so the sweep runs one of these per setting. It reads a job (JSON) from
+argv, prints one JSON line per measurement as soon as it has it, and nothing else on stdout.
+
+A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant], ...]}, ...],
+        "warmup", "repeats", "roof": bool, "touch": "serial" | "parallel",
+        "calls": "one" | "per-batch"}
+Every impl of a group is timed on the same inputs.
+"""
+import json
+import sys
+
+from moagen.bench import cases
+from moagen.bench.timing import time_call
+
+
+def run(job):
+    if job.get("roof"):
+        from moagen.bench import roof
+        _emit(dict(record="roof", **roof.measure(quick=job.get("quick", False))))
+    empty = _allocator(job.get("touch", "serial"))
+    for group in job["groups"]:
+        kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
+        args = cases.inputs(kernel, sizes, dtype, empty=empty)
+        scalars = cases.scalars(kernel, sizes)
+        for lang, variant in group["impls"]:
+            fn = cases.kernel_callable(kernel, variant, lang, dtype)
+            call = _call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one"))
+            stats = time_call(call, job.get("warmup", 1), job.get("repeats", 5))
+            _emit(dict(record="result", kernel=kernel, variant=variant if lang not in cases.BASELINES
+                       else None, lang=lang, dtype=dtype, sizes=sizes, **stats))
+
+
+def _call(fn, args, out, scalars, calls):
+    """One call over the whole batch, or one call per batch entry (as many parallel
+    regions as entries: what a caller looping over sequences pays)."""
+    if calls == "one":
+        return lambda: fn(*args, out=out, **scalars)
+    outs = () if out is None else out if isinstance(out, tuple) else (out,)
+
+    def per_batch():
+        for b in range(args[0].shape[0]):
+            part = tuple(o[b:b + 1] for o in outs)
+            fn(*(a[b:b + 1] for a in args), out=part[0] if len(part) == 1 else part or None,
+               **scalars)
+    return per_batch
+
+
+def _allocator(touch):
+    if touch == "parallel":
+        from moagen.bench.native import empty_touched
+        return empty_touched
+    import numpy as np
+    return np.empty
+
+
+def _emit(record):
+    print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    run(json.loads(sys.argv[1]))

@@ -1,0 +1,178 @@
+"""The attention family's invariants, read off the IR: memory O(n d) outside the naive
+variants, the atomic updates each variant performs, the owner variant's run-to-run
+reproducibility, and the errors of the multi-nest transforms when they cannot apply."""
+import numpy as np
+import pytest
+import sympy
+
+from moagen import runtime
+from moagen.codegen.emit import onf_of
+from moagen.errors import ScheduleError
+from moagen.kernels import KERNELS, get_kernel
+from moagen.moa import scalar as S
+from moagen.moa.dnf import psi_reduce
+from moagen.onf.count import atomic_updates
+from moagen.onf.fusion import FuseNests, Scatter
+from moagen.onf.interpret import index_fn
+from moagen.onf.loops import Let, Loop, Store, Update, walk
+from moagen.onf.online import OnlineSoftmax
+from moagen.onf.realize import initial_onf
+from moagen.onf.schedule import Accumulate, Hoist
+
+# attention_fwd*, attention_bwd* and attention_fwdbwd*, plain and causal
+ATTENTION = [(k.name, v) for k in KERNELS.values()
+             if k.name.startswith(("attention_fwd", "attention_bwd")) for v in k.variants]
+
+
+def _sizes(onf):
+    return {s.name: s for s in onf.sizes}
+
+
+def _elements(buffer):
+    return sympy.Mul(*buffer.shape)
+
+
+# ---- memory ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel, variant", ATTENTION)
+def test_only_naive_variants_hold_temporaries_quadratic_in_n(kernel, variant):
+    onf = onf_of(kernel, variant)
+    n = _sizes(onf)["n"]
+    degrees = {t.name: sympy.degree(_elements(t), n) for t in onf.temps}
+    if variant == "naive":
+        assert 2 in degrees.values(), degrees
+    else:
+        assert variant in ("dnf", "online", "atomic", "owner")
+        assert all(deg <= 1 for deg in degrees.values()), degrees
+
+
+@pytest.mark.parametrize("kernel, variant", ATTENTION)
+def test_every_local_is_a_scalar(kernel, variant):
+    """The IR has no local arrays: every array a statement touches is a declared buffer,
+    so the temps bounded above are all the memory; per thread the rest is O(1) scalars."""
+    onf = onf_of(kernel, variant)
+    buffers = {b.name for b in onf.inputs + onf.outputs + onf.temps}
+    written = {b.name for b in onf.outputs + onf.temps}
+    for nest in onf.nests:
+        for s in walk(nest.body):
+            assert isinstance(s, (Loop, Let, Update, Store)), s
+            if isinstance(s, Loop):
+                continue
+            assert isinstance(s.value, S.ScalarExpr)
+            if isinstance(s, Store):
+                assert s.array in written
+            else:
+                assert s.name not in buffers
+            assert {x.array for x in _subexprs(s.value)
+                    if isinstance(x, (S.Access, S.Load))} <= buffers
+
+
+def _subexprs(e):
+    yield e
+    for c in S.children(e):
+        yield from _subexprs(c)
+
+
+# ---- atomic updates --------------------------------------------------------------------
+
+def _atomic_executions(stmts, ints, counts):
+    """Run the loop structure at concrete sizes, counting each atomic store executed."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            for k in range(index_fn(s.start)(ints), index_fn(s.stop)(ints)):
+                _atomic_executions(s.body, {**ints, s.var.name: k}, counts)
+        elif isinstance(s, Store) and s.atomic:
+            counts[s.array] = counts.get(s.array, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("causal", ["", "_causal"])
+def test_atomic_update_counts(causal):
+    fused = onf_of("attention_fwdbwd" + causal, "atomic")
+    bwd = onf_of("attention_bwd" + causal, "atomic")
+    batch, heads, n, d = (_sizes(fused)[s] for s in ("batch", "heads", "n", "d"))
+    per_gradient = batch * heads * n**2 * d
+    fused_counts, bwd_counts = atomic_updates(fused), atomic_updates(bwd)
+    assert set(fused_counts) == {"dK", "dV"} and set(bwd_counts) == {"dK"}
+    assert sympy.simplify(sum(fused_counts.values()) - 2 * per_gradient) == 0
+    assert sympy.simplify(fused_counts["dK"] - fused_counts["dV"]) == 0
+    assert sympy.simplify(bwd_counts["dK"] - per_gradient) == 0
+    assert sympy.simplify(sum(fused_counts.values()) / bwd_counts["dK"]) == 2
+    # the symbolic counts agree with the statements actually executed at small sizes
+    at = dict(batch=1, heads=2, n=5, d=3)
+    for onf, counts in ((fused, fused_counts), (bwd, bwd_counts)):
+        executed = {}
+        for nest in onf.nests:
+            _atomic_executions(nest.body, dict(at), executed)
+        assert executed == {a: int(c.subs({_sizes(onf)[k]: v for k, v in at.items()}))
+                            for a, c in counts.items()}
+
+
+@pytest.mark.parametrize("kernel, variant", [kv for kv in ATTENTION if kv[1] != "atomic"])
+def test_no_other_variant_has_atomic_updates(kernel, variant):
+    onf = onf_of(kernel, variant)
+    assert atomic_updates(onf) == {}
+    assert not any(isinstance(s, Store) and s.atomic for n in onf.nests for s in walk(n.body))
+
+
+# ---- reproducibility -------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+@pytest.mark.parametrize("kernel", ["attention_fwdbwd", "attention_fwdbwd_causal"])
+def test_owner_variant_is_bitwise_reproducible(kernel, lang, session_build_dir):
+    """Each output element of the owner variant is accumulated by one thread, in a fixed
+    loop order, with no atomics: with the same thread count (OpenMP's default here) and
+    the same inputs, every run performs the same floating-point operations in the same
+    order, so the results are identical bit for bit."""
+    fn = runtime.load(kernel, "owner", lang, "float64")
+    rng = np.random.default_rng(3)
+    Q, K, V, dO = (rng.standard_normal((1, 2, 67, 16)) for _ in range(4))
+    first, *others = [fn(Q, K, V, dO, scale=0.25) for _ in range(3)]
+    assert len(first) == 5
+    for outputs in others:
+        assert all(np.array_equal(a, b) for a, b in zip(first, outputs))
+
+
+# ---- the multi-nest transforms refuse what they cannot do ------------------------------
+
+def _initial(kernel, variant):
+    k = get_kernel(kernel)
+    return initial_onf(psi_reduce(k.spec, k.variant(variant).materialize), variant)
+
+
+ROWS = ("b", "h", "i")
+
+
+@pytest.mark.parametrize("kernel, variant, schedule, words", [
+    # lse is max + log(sum): no sum at the top to scatter
+    ("attention_fwd", "dnf", [Scatter("lse", over="j", outer=("b", "h"))],
+     "nest lse is not a store of a sum over j inside its output loops"),
+    # dK sums over query rows i, not over keys
+    ("attention_bwd", "dnf", [Scatter("dK", over="j", outer=("b", "h"))],
+     "nest dK is not a store of a sum over j inside its output loops"),
+    # without the scatter dK's rows are keys: its outer loops are b, h, j
+    ("attention_bwd", "dnf", [FuseNests(("dQ", "dK"), over=ROWS, name="rows")],
+     "nest dK does not start with the loops b, h, i"),
+    # a probability needs its whole row of scores, later keys j included
+    ("attention_fwd", "naive", [FuseNests(("scores", "probs"), over=ROWS + ("j",), name="x")],
+     "nest probs reads scores at another iteration of b, h, i, j than the one writing it"),
+    # before Hoist the row max and sum are inside expressions, not statements
+    ("attention_fwd", "dnf", [Accumulate("c", over="j", nest="O"),
+                              FuseNests(("O", "lse"), over=ROWS, name="rows"),
+                              OnlineSoftmax("rows")],
+     "nest rows has no max, sum of exponentials and loop over the same index to fuse"),
+    # the backward has the forward's lse, no max to run online
+    ("attention_bwd", "dnf", [Hoist(), OnlineSoftmax("dQ")],
+     "nest dQ has no max, sum of exponentials and loop over the same index to fuse"),
+    # the pattern is there, but the loop stores probabilities instead of accumulating
+    ("attention_fwd", "naive", [Hoist(), OnlineSoftmax("probs")],
+     "a store in the fused loop does not accumulate a sum"),
+])
+def test_multi_nest_transforms_that_cannot_apply_raise(kernel, variant, schedule, words):
+    onf = _initial(kernel, variant)
+    *before, failing = schedule
+    for transform in before:
+        onf = transform(onf)
+    with pytest.raises(ScheduleError) as info:
+        failing(onf)
+    assert words in str(info.value)

@@ -1,0 +1,50 @@
+"""The peak-memory benchmark sees what the ONF predicts: the naive forward's n x n scratch
+shows in the measured peak of a fresh process, and the row-wise variants have none."""
+import json
+
+import pytest
+
+from moagen.bench import memory
+from moagen.cli import main
+
+SIZES = dict(batch=1, heads=1, n=1024, d=16)
+
+
+@pytest.fixture(scope="module")
+def records(session_build_dir):
+    return {v: memory.measure("attention_fwd", v, SIZES) for v in ("naive", "dnf", "online")}
+
+
+def test_naive_peak_holds_its_predicted_temporaries(records):
+    naive = records["naive"]
+    assert naive.predicted_bytes == 2 * SIZES["n"] ** 2 * 8  # scores and probs, float64
+    assert naive.extra_bytes > 0.9 * naive.predicted_bytes
+
+
+@pytest.mark.parametrize("variant", ["dnf", "online"])
+def test_row_wise_variants_need_no_scratch(records, variant):
+    assert records[variant].predicted_bytes == 0
+    assert records[variant].extra_bytes < 0.1 * records["naive"].extra_bytes
+
+
+def test_bench_memory_command(capsys, tmp_path, session_build_dir):
+    """Kernels with other sizes (rmsnorm has no heads) and single variants; JSON records."""
+    out = tmp_path / "memory.json"
+    code = main(["bench", "memory", "--n", "64", "--d", "8", "--json", str(out),
+                 "--kernels", "attention_fwd:naive", "rmsnorm_fwd:dnf"])
+    table = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert [(r["kernel"], r["variant"]) for r in rows] == [("attention_fwd", "naive"),
+                                                          ("rmsnorm_fwd", "dnf")]
+    assert rows[1]["sizes"] == dict(batch=1, n=64, d=8)
+    lines = [line.split() for line in table.splitlines()]
+    for r in rows:
+        assert r["extra_bytes"] == (r["peak_kib"] - r["rss_before_kib"]) * 1024
+        assert [r["kernel"], r["variant"]] in [line[:2] for line in lines]
+
+
+def test_bench_memory_checks_every_name_before_running_any(capsys):
+    assert main(["bench", "memory", "--kernels", "attention_fwd:dnf", "attention_fwd:tiled"]) == 2
+    err = capsys.readouterr().err
+    assert "no variant 'tiled'" in err and "measuring" not in err
