@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 MOAGEN := $(VENV)/bin/moagen
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all generated build verify test clean
+.PHONY: all generated build verify test bench clean
 
 all: generated build
 
@@ -25,6 +25,9 @@ verify: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PYTHON) -m pytest -q
+
+bench: $(VENV)/.installed  # the full sweep; BENCH_ARGS=--quick for a sanity run
+	$(MOAGEN) bench $(BENCH_ARGS)
 
 clean:
 	rm -rf build

@@ -30,6 +30,9 @@ INSTALL_CUDA = "the CUDA toolkit: apt-get install nvidia-cuda-toolkit (or NVIDIA
 INSTALL_F90WRAP = "pip install f90wrap==0.3.0"
 INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
 
+# the GPUs every CUDA kernel is compiled for, with or without one present
+CUDA_ARCHS = ("sm_80", "sm_90")
+
 
 def _env(name, default):
     return lambda: os.environ.get(name, default)
@@ -90,6 +93,15 @@ def build_c(source, stem, toolchain=None):
         _run([cc, *tc.cflags, "-o", str(folder / f"lib{stem}.so"), str(src), *tc.cldflags], src)
 
     return _cached(stem, key, build) / f"lib{stem}.so"
+
+
+def build_program(source: Path, library: Path, exe: Path, toolchain=None) -> Path:
+    """Compile a C program (a measurement driver) linked to a built kernel library."""
+    tc = toolchain or Toolchain()
+    cc = _require(tc.cc, "C compiler", INSTALL_C)
+    _run([cc, "-O2", "-std=c99", "-o", str(exe), str(source), str(library),
+          f"-Wl,-rpath,{library.parent}"], source)
+    return exe
 
 
 def build_fortran(source, stem, module, toolchain=None):

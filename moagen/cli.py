@@ -7,7 +7,6 @@ from moagen.errors import MoagenError
 
 STAGES = ("shape", "dnf", "onf")
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
-CUDA_ARCHS = ("sm_80", "sm_90")
 
 
 def main(argv=None):
@@ -63,9 +62,15 @@ def _parser():
     p.add_argument("--dtype", choices=DTYPES, action="append")
     p.set_defaults(run=cmd_verify)
 
-    p = sub.add_parser("bench", help="benchmarks: memory")
-    bench = p.add_subparsers(required=True, metavar="BENCHMARK")
+    from moagen.cost.command import add_parser as add_cost_parser
+    add_cost_parser(sub)  # `moagen cost`: F, M, scratch, atomics; measured with --measure, --cuda
+
+    p = sub.add_parser("bench", help="benchmarks: the sweep (no BENCHMARK), memory, "
+                                     "atomics, topology, c-vs-fortran")
+    bench = p.add_subparsers(required=False, metavar="BENCHMARK")
     _bench_memory_parser(bench)
+    from moagen.bench.commands import add_parsers
+    add_parsers(p, bench, sub)  # the sweep's options, the experiments, `report` and `slurm`
     return parser
 
 
@@ -175,7 +180,7 @@ def cmd_build(args):
         for variant in kernel.variants:
             for lang in args.lang or LANGS:
                 if lang == "cuda":  # compiled for the GPUs we target; it runs only where one is
-                    for arch in CUDA_ARCHS:
+                    for arch in build.CUDA_ARCHS:
                         result = build.compile_cuda(emit(name, variant, "cuda"), stem(name, variant), arch)
                         print(f"compiled {stem(name, variant)}.cu for {arch}: {result.cubin}")
                 else:

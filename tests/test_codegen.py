@@ -7,7 +7,8 @@ import pytest
 from moagen import build
 from moagen.codegen.emit import LANGS, emit, filename, stem
 from moagen.codegen.fortran import FortranPrinter
-from moagen.cli import CUDA_ARCHS, GENERATED
+from moagen.build import CUDA_ARCHS
+from moagen.cli import GENERATED
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import KERNELS
 from moagen.moa.dnf import psi_reduce

@@ -21,7 +21,7 @@ v = array("v", "n")
 
 def test_dsl_builds_nodes_with_integer_size_symbols():
     assert A.shape == (m, n, p) and all(s.is_integer for s in A.shape)
-    assert sym("n") is n  # one symbol per name, whoever makes it
+    assert sym("n") == n  # one symbol per name, whoever makes it (equal, not cached-identical)
     expr = 2.0 * M - 1
     assert isinstance(expr, E.BinOp) and expr.op == "-"
     assert expr.left == E.BinOp("*", E.Const(2.0), M) and expr.right == E.Const(1.0)

@@ -69,9 +69,8 @@ def format_table(table) -> str:
 
 
 def figure(table, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from moagen.bench.report import pyplot, save
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for lang in sorted({r["lang"] for r in table}):
         mine = sorted((r for r in table if r["lang"] == lang), key=lambda r: r["n"])
@@ -79,12 +78,10 @@ def figure(table, path):
             ax.plot([r["n"] for r in mine], [r[f"{key}_s"] / r["separate_s"] for r in mine], style,
                     label=f"fused {key} / separate ({lang})")
     ax.axhline(1, color="grey", lw=0.8)
-    ax.set(xscale="log", xlabel="n", ylabel="time, fused / separate", title="atomics vs owner")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="n", ylabel="time, fused / separate", title="atomics vs owner")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(args):

@@ -22,21 +22,20 @@ def sizes(kernel: str, n: int) -> dict:
 
 
 # sequence lengths per kernel family: (quick, full)
-LENGTHS = {"attention": ((128,), (256, 1024, 2048)),
+LENGTHS = {"attention": ((128,), (256, 512, 1024)),
            "attention_decode": ((4096,), (1024, 8192, 32768)),
            "kv_append": ((4096,), (1024, 32768)),
            "rmsnorm": ((1024,), (1024, 8192))}
 
 
 def lengths(kernel: str, quick: bool):
-    family = next((f for f in sorted(LENGTHS, key=len, reverse=True) if kernel.startswith(f)))
+    family = next(f for f in sorted(LENGTHS, key=len, reverse=True) if kernel.startswith(f))
     return LENGTHS[family][0 if quick else 1]
 
 
 def check_impl(lang: str):
-    if lang not in KERNEL_LANGS + BASELINES:
-        raise UnknownNameError(f"unknown language {lang!r}; expected one of "
-                               f"{', '.join(KERNEL_LANGS + BASELINES)}")
+    if lang not in KERNEL_LANGS:  # the baselines run next to every language anyway
+        raise UnknownNameError(f"unknown language {lang!r}; expected one of {', '.join(KERNEL_LANGS)}")
     if lang == "cuda":
         from moagen.bind import cuda
         if not cuda.available():
@@ -77,20 +76,29 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str):
     return runtime.load(kernel, variant, lang, dtype)
 
 
-def _load_without_restrict(kernel, variant, dtype):
-    from moagen.bind import bind, load_library
+def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
+    """The kernel's C, printed with plain pointers: the compiler must assume they alias."""
     from moagen.codegen.c import CPrinter
-    from moagen.codegen.emit import onf_of, stem
-    from moagen.codegen.printer import render, signature
-    from moagen.kernels import get_kernel
+    from moagen.codegen.emit import onf_of
+    from moagen.codegen.printer import render
 
     class Plain(CPrinter):
         restrict = ""
 
     onf = onf_of(kernel, variant)
-    source = render("c/kernel.c.j2", banner=[f"{onf.name} {onf.variant}, printed without restrict"],
-                    functions=[Plain(onf, dtype).function()])
-    library = load_library(source, "c", stem(kernel, onf.variant) + "_norestrict")
+    return render("c/kernel.c.j2", banner=[f"{onf.name} {onf.variant}, printed without restrict"],
+                  functions=[Plain(onf, dtype).function() for dtype in dtypes])
+
+
+def _load_without_restrict(kernel, variant, dtype):
+    from moagen.bind import bind, load_library
+    from moagen.codegen.emit import onf_of, stem
+    from moagen.codegen.printer import signature
+    from moagen.kernels import get_kernel
+
+    onf = onf_of(kernel, variant)
+    library = load_library(source_without_restrict(kernel, onf.variant), "c",
+                           stem(kernel, onf.variant) + "_norestrict")
     return bind(library, signature(onf, dtype), "c", validate=get_kernel(kernel).validate)
 
 

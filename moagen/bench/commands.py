@@ -28,7 +28,7 @@ def add_parsers(bench, benchmarks, top):
 
     p = benchmarks.add_parser("topology", help="paper V, result 2: decode over threads, binding, "
                                                "first touch and parallel regions per call")
-    p.add_argument("--n", type=int, nargs="+", default=[1024, 32768])
+    p.add_argument("--n", type=int, nargs="+", default=[1024, 8192])
     p.add_argument("--max-threads", type=int, help="default: 4 x the cores")
     _experiment_options(p, "topology")
 
@@ -42,7 +42,7 @@ def add_parsers(bench, benchmarks, top):
 
     p = top.add_parser("report", help="summary (markdown) and plots of a benchmark results file")
     p.add_argument("results", type=Path)
-    p.add_argument("--run", help="the run's id (default: the latest in the file)")
+    p.add_argument("--run", dest="run_id", help="the run's id (default: the latest in the file)")
     p.add_argument("--out", type=Path, help="folder (default: RESULTS without its suffix)")
     p.set_defaults(run=_report)
 
@@ -72,4 +72,4 @@ def _run(module):
 
 def _report(args):
     from moagen.bench import report
-    print(report.write(args.results, args.run, args.out).read_text())
+    print(report.write(args.results, args.run_id, args.out).read_text())

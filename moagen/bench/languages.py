@@ -3,7 +3,8 @@ kernel, with the ablation that prints the C without `restrict` (Fortran dummy ar
 not alias; C pointers may, unless declared restrict). With --valgrind, each language also
 runs once under callgrind (one thread, -march=x86-64-v3, which valgrind can decode),
 counting the kernel's instructions, data reads and writes and cache misses: the stall
-proxy where no hardware counters are readable."""
+proxy where no hardware counters are readable. The Fortran is called through its bind(C)
+entry point, as the C is: no wrapper is counted."""
 import json
 import os
 import re
@@ -48,25 +49,58 @@ def plan(pairs, n, repeats):
 
 def callgrind(kernel, variant, lang, sizes) -> dict:
     """The kernel's own event counts (callees included) from one call under callgrind."""
-    from moagen.codegen.emit import onf_of
+    import shutil
+
+    import sympy
+
+    from moagen import build
+    from moagen.codegen.emit import FORTRAN_MODULE, emit, onf_of, stem
     from moagen.codegen.printer import signature
-    if not _which("valgrind"):
+
+    if shutil.which("valgrind") is None:
         raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
-    symbol = signature(onf_of(kernel, variant), "float64").name
-    job = dict(groups=[dict(kernel=kernel, dtype="float64", sizes=sizes, impls=[[lang, variant]])],
-               warmup=0, repeats=1)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               MOAGEN_CFLAGS=VALGRIND_FLAGS + " -std=c99", MOAGEN_FFLAGS=VALGRIND_FLAGS)
-    # build natively first: under valgrind the compilers would run too, slowly
-    subprocess.run([sys.executable, "-m", "moagen.bench.worker", json.dumps(job)], env=env,
-                   check=True, capture_output=True)
+    toolchain = build.Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
+                                fflags=tuple(VALGRIND_FLAGS.split()))
+    name = stem(kernel, variant)
+    if lang == "fortran":  # its bind(C) routine is exported under the same name as C's
+        library = build.build_fortran(emit(kernel, variant, "fortran"), name, FORTRAN_MODULE, toolchain)
+    elif lang == "c":
+        library = build.build_c(emit(kernel, variant, "c"), name, toolchain)
+    else:
+        library = build.build_c(cases.source_without_restrict(kernel, variant), name + "_norestrict",
+                                toolchain)
+    sig = signature(onf_of(kernel, variant), "float64")
+    env = {s: sizes[s.name] for s in sig.sizes}
+    scalars = cases.scalars(kernel, sizes)
+    job = dict(library=str(library), symbol=sig.name, sizes=[sizes[s.name] for s in sig.sizes],
+               arrays=[int(sympy.Mul(*a.shape).subs(env)) for a in sig.arrays],
+               scalars=[scalars[s] for s in sig.scalars])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
+        # the parallel regions' outlined bodies (gcc names them SYMBOL._omp_fn.K), where the
+        # kernel's loops run; the entry point itself only hands them to libgomp
         subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes",
-                        f"--toggle-collect=*{symbol}*", f"--callgrind-out-file={out}",
-                        sys.executable, "-m", "moagen.bench.worker", json.dumps(job)],
-                       env=env, check=True, capture_output=True)
+                        f"--toggle-collect={sig.name}._omp_fn.*", f"--callgrind-out-file={out}",
+                        sys.executable, "-m", "moagen.bench.call_once", json.dumps(job)],
+                       env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"),
+                       check=True, capture_output=True)
         return parse_callgrind(out.read_text())
+
+
+def restrict_changes_code(kernel, variant) -> bool:
+    """Whether gcc, with the kernels' flags, emits other instructions for the C printed
+    without restrict: if not, restrict cannot explain any gap."""
+    from moagen import build
+    from moagen.codegen.emit import emit, stem
+    name = stem(kernel, variant)
+    return _disassembly(build.build_c(emit(kernel, variant, "c"), name)) != \
+        _disassembly(build.build_c(cases.source_without_restrict(kernel, variant), name + "_norestrict"))
+
+
+def _disassembly(library):
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True,
+                          text=True, check=True).stdout
+    return text.split("\n", 2)[2]  # past the line naming the file
 
 
 def parse_callgrind(text: str) -> dict:
@@ -76,26 +110,23 @@ def parse_callgrind(text: str) -> dict:
     return {e: counts.get(e, 0) for e in EVENTS}
 
 
-def _which(program):
-    import shutil
-    return shutil.which(program)
-
-
 def table(records) -> list:
     by = {}
     for r in records:
         if r["record"] == "result":
             by.setdefault((r["kernel"], r["variant"], r["sizes"]["n"]), {})[r["lang"]] = r["median_s"]
-    return [dict(kernel=k, variant=v, n=n, **{lang: t[lang] for lang in LANGS}) for (k, v, n), t in by.items()]
+    return [dict(kernel=k, variant=v, n=n, restrict_changes_code=restrict_changes_code(k, v),
+                 **{lang: t[lang] for lang in LANGS}) for (k, v, n), t in by.items()]
 
 
 def format_table(rows, counts=None) -> str:
     lines = [f"{'kernel':<18} {'variant':<7} {'n':>6} {'C ms':>9} {'C-norestr ms':>12} "
-             f"{'Fortran ms':>10} {'F/C':>6} {'C-nor/C':>8}"]
+             f"{'Fortran ms':>10} {'F/C':>6} {'C-nor/C':>8} {'restrict changes code':>22}"]
     for r in rows:
         lines.append(f"{r['kernel']:<18} {r['variant']:<7} {r['n']:>6} {r['c'] * 1e3:>9.2f} "
                      f"{r['c-norestrict'] * 1e3:>12.2f} {r['fortran'] * 1e3:>10.2f} "
-                     f"{r['fortran'] / r['c']:>6.2f} {r['c-norestrict'] / r['c']:>8.2f}")
+                     f"{r['fortran'] / r['c']:>6.2f} {r['c-norestrict'] / r['c']:>8.2f} "
+                     f"{'yes' if r['restrict_changes_code'] else 'no':>22}")
     lines.append("F/C > 1: C is faster; C-nor/C > 1: restrict helps")
     for (kernel, variant, n), per_lang in (counts or {}).items():
         lines.append(f"callgrind, {kernel} {variant} n={n}, 1 thread, {VALGRIND_FLAGS}:")
@@ -106,9 +137,8 @@ def format_table(rows, counts=None) -> str:
 
 
 def figure(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from moagen.bench.report import pyplot, save
+    plt = pyplot()
     import numpy as np
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4.5))
     x = np.arange(len(rows))
@@ -118,10 +148,7 @@ def figure(rows, path):
     ax.set_xticks(x, [f"{r['kernel']}\n{r['variant']}" for r in rows], fontsize=7, rotation=30)
     ax.set(ylabel="time / C time", title="C vs Fortran, same ONF")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(args):

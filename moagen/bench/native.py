@@ -6,6 +6,7 @@ import cffi
 import numpy as np
 
 from moagen import build
+from moagen.bind.c import dlopen
 
 SOURCE = build.PROJECT_ROOT / "templates" / "bench" / "stream.c"
 
@@ -15,9 +16,7 @@ def _library():
     ffi = cffi.FFI()
     ffi.cdef("void triad(double *a, const double *b, const double *c, double s, int64_t n);"
              "void first_touch(unsigned char *a, int64_t nbytes);")
-    # never unloaded: at exit, OpenMP worker threads may still be returning into it
-    path = build.build_c(SOURCE.read_text(), "bench_stream")
-    return ffi, ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+    return ffi, dlopen(ffi, build.build_c(SOURCE.read_text(), "bench_stream"))
 
 
 def triad(a, b, c, s):

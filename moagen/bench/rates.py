@@ -1,18 +1,20 @@
-"""GFLOP/s and GB/s of a measured call, from the flops F and bytes M the ONF predicts.
-
-The one call to the cost model is `predicted`; it awaits moagen/cost.py (F and M from the
-ONF), and until that exists records carry no rates."""
+"""GFLOP/s and GB/s of a measured call, from the flops F and bytes M that the cost model
+(moagen.cost) predicts from the variant's ONF at the call's sizes. M is the model's
+traffic between memory and cache (moagen.cost.Cost.M), so GB/s is an effective bandwidth."""
 
 
 def predicted(kernel: str, variant: str, sizes: dict, dtype: str):
-    """(F, M) of one call, or (None, None) where no cost model is available."""
-    return None, None
+    """(F, M) of one call: the one call to the cost model."""
+    from moagen.cost import predict, value
+    cost = predict(kernel, variant, dtype)
+    env = cost.sizes_from(sizes)
+    return value(cost.flops, env), value(cost.M, env)
 
 
 def with_rates(record: dict) -> dict:
-    flops, nbytes = (predicted(record["kernel"], record["variant"], record["sizes"], record["dtype"])
-                     if record["variant"] else (None, None))  # baselines: ratios only
+    if not record["variant"]:  # baselines: compared by time only
+        return dict(record, flops=None, bytes=None, gflops=None, gbs=None)
+    flops, nbytes = predicted(record["kernel"], record["variant"], record["sizes"], record["dtype"])
     time_s = record["median_s"]
-    return dict(record, flops=flops, bytes=nbytes,
-                gflops=flops / time_s / 1e9 if flops else None,
-                gbs=nbytes / time_s / 1e9 if nbytes else None)
+    return dict(record, flops=flops, bytes=nbytes, gflops=flops / time_s / 1e9,
+                gbs=nbytes / time_s / 1e9)

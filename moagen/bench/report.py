@@ -85,11 +85,23 @@ def write(path, run=None, out_dir=None) -> Path:
     return summary
 
 
-def _plots(results, roofs, out_dir):
+def pyplot():
     import matplotlib
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
+    return plt
 
+
+def save(fig, path):
+    """Write a figure and free it; returns the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    pyplot().close(fig)
+    return path
+
+
+def _plots(results, roofs, out_dir):
+    plt = pyplot()
     figures = []
     top = max((r["threads"] for r in results), default=1)
     by_kernel = defaultdict(list)
@@ -103,7 +115,8 @@ def _plots(results, roofs, out_dir):
                 series[_impl(r)].append((r["sizes"]["n"], r["median_s"]))
         for name, points in sorted(series.items()):
             left.plot(*zip(*sorted(points)), marker="o", label=name)
-        left.set(xscale="log", yscale="log", xlabel="n", ylabel="seconds",
+        left.set_xscale("log", base=2)
+        left.set(yscale="log", xlabel="n", ylabel="seconds",
                  title=f"{kernel}: time vs n ({top} threads)")
         left.legend(fontsize=7)
         largest = max(r["sizes"]["n"] for r in rows)
@@ -117,34 +130,31 @@ def _plots(results, roofs, out_dir):
         right.set(xlabel="threads", ylabel="speed-up over 1 thread",
                   title=f"{kernel}: thread scaling at n={largest}")
         right.legend(fontsize=7)
-        figures.append(_save(fig, out_dir / f"{kernel}.png"))
+        figures.append(save(fig, out_dir / f"{kernel}.png"))
     if roofs:
         figures.append(_roofline(results, roofs, out_dir, plt))
     return figures
 
 
 def _roofline(results, roofs, out_dir, plt):
-    """Roofs min(peak, bandwidth x intensity) per thread count; a point per result whose F
-    and M the cost model predicts."""
+    """Roofs min(peak, bandwidth x intensity) per thread count; a point per result (at the
+    most threads) whose F and M the cost model predicts, coloured by kernel."""
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    intensity = np.logspace(-3, 3, 200)
+    top = max(r["threads"] for r in results) if results else 1
+    points = [r for r in results if r.get("flops") and r.get("bytes") and r["threads"] == top]
+    spots = [r["flops"] / r["bytes"] for r in points] or [1.0]
+    intensity = np.logspace(np.log10(min(spots)) - 1, np.log10(max(spots)) + 1, 200)
+    fig, ax = plt.subplots(figsize=(8, 5))
     for roof in roofs:
         ax.plot(intensity, np.minimum(roof["gemm_gflops"], roof["triad_gbs"] * intensity),
                 label=f"roof, {roof['threads']} thread(s)")
-    points = [r for r in results if r.get("flops") and r.get("bytes")]
+    by_kernel = defaultdict(list)
     for r in points:
-        ax.scatter(r["flops"] / r["bytes"], r["gflops"], s=12)
+        by_kernel[r["kernel"]].append((r["flops"] / r["bytes"], r["gflops"]))
+    for kernel, xy in sorted(by_kernel.items()):
+        ax.scatter(*zip(*xy), s=14, label=kernel)
     ax.set(xscale="log", yscale="log", xlabel="flops per byte (F / M)", ylabel="GFLOP/s",
-           title="roofline" + ("" if points else " (no cost model yet: roofs only)"))
+           title=f"roofline, {top} thread(s)" + ("" if points else " (no F and M: roofs only)"))
     ax.legend(fontsize=7)
-    return _save(fig, out_dir / "roofline.png")
-
-
-def _save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return path
+    return save(fig, out_dir / "roofline.png")

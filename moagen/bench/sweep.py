@@ -118,5 +118,5 @@ def run(jobs, results: Results):
 def _describe(record):
     if record["record"] == "roof":
         return f"roof: triad {record['triad_gbs']:.1f} GB/s, GEMM {record['gemm_gflops']:.1f} GFLOP/s"
-    return (f"{record['kernel']} {record['variant'] or ''} {record['lang']} "
-            f"n={record['sizes']['n']}: {record['median_s'] * 1e3:.2f} ms")
+    what = " ".join(filter(None, (record["kernel"], record["variant"], record["lang"])))
+    return f"{what} n={record['sizes']['n']}: {record['median_s'] * 1e3:.2f} ms"

@@ -1,23 +1,34 @@
-"""Timing one call: warm-up calls first (first-call costs: page faults, lazy binding, thread
-pool start), then repeated calls; the median and the interquartile spread describe them."""
+"""Timing calls: warm-up calls first (first-call costs: page faults, lazy binding, thread
+pool start), then repeats, round-robin over the calls being compared, so that a burst of
+load from elsewhere on the machine falls on all of them rather than on one. The median and
+the interquartile range describe each call's times."""
 import time
 
 import numpy as np
 
-SLOW_CALL_S = 2.0  # calls slower than this are repeated at most 3 times
+SLOW_CALL_S = 2.0  # when a warm-up call is slower than this, 3 repeats at most
 
 
-def time_call(fn, warmup=1, repeats=5) -> dict:
-    for _ in range(warmup):
-        start = time.perf_counter()
-        fn()
-        if time.perf_counter() - start > SLOW_CALL_S:
-            repeats = min(repeats, 3)
-    times = []
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_calls(calls, warmup=1, repeats=5) -> list:
+    """Statistics for each of `calls` (callables of no argument), in order."""
+    for fn in calls:
+        for _ in range(warmup):
+            if _timed(fn) > SLOW_CALL_S:
+                repeats = min(repeats, 3)
+    times = [[] for _ in calls]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        for fn, mine in zip(calls, times):
+            mine.append(_timed(fn))
+    return [_stats(t, warmup) for t in times]
+
+
+def _stats(times, warmup):
     q1, median, q3 = np.percentile(times, [25, 50, 75])
     return dict(median_s=float(median), min_s=min(times), q1_s=float(q1), q3_s=float(q3),
-                repeats=repeats, warmup=warmup)
+                repeats=len(times), warmup=warmup)

@@ -1,17 +1,18 @@
 """One benchmark process: OpenMP reads its settings (threads, binding, places) once, at
 process start, so the sweep runs one of these per setting. It reads a job (JSON) from
-argv, prints one JSON line per measurement as soon as it has it, and nothing else on stdout.
+argv and prints one JSON line per measurement (a group's as soon as it has them), and
+nothing else, on stdout.
 
 A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant], ...]}, ...],
         "warmup", "repeats", "roof": bool, "touch": "serial" | "parallel",
         "calls": "one" | "per-batch"}
-Every impl of a group is timed on the same inputs.
+Every impl of a group is timed on the same inputs, round-robin.
 """
 import json
 import sys
 
 from moagen.bench import cases
-from moagen.bench.timing import time_call
+from moagen.bench.timing import time_calls
 
 
 def run(job):
@@ -23,10 +24,12 @@ def run(job):
         kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
         args = cases.inputs(kernel, sizes, dtype, empty=empty)
         scalars = cases.scalars(kernel, sizes)
+        calls = []
         for lang, variant in group["impls"]:
             fn = cases.kernel_callable(kernel, variant, lang, dtype)
-            call = _call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one"))
-            stats = time_call(call, job.get("warmup", 1), job.get("repeats", 5))
+            calls.append(_call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one")))
+        timed = time_calls(calls, job.get("warmup", 1), job.get("repeats", 5))
+        for (lang, variant), stats in zip(group["impls"], timed):
             _emit(dict(record="result", kernel=kernel, variant=variant if lang not in cases.BASELINES
                        else None, lang=lang, dtype=dtype, sizes=sizes, **stats))
 

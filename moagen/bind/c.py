@@ -16,6 +16,12 @@ def declaration(signature, result="void"):
     return f"{result} {signature.name}({', '.join(params)});"
 
 
+def dlopen(ffi, path):
+    """Load a built library for good: unloading it at interpreter exit while OpenMP worker
+    threads may still be returning into it can crash the process."""
+    return ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+
+
 def load(path):
     """The library bind() takes: its path. Each bind dlopens it with an FFI of its own, since
     one FFI declares a name once and the f64 and f32 variants are bound separately."""
@@ -25,7 +31,7 @@ def load(path):
 def bind(library, signature, validate=None):
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature))
-    function = getattr(ffi.dlopen(str(library)), signature.name)  # ffi keeps the library open
+    function = getattr(dlopen(ffi, library), signature.name)
     buffer_type = CTYPES[signature.dtype] + "[]"
     n_arrays = len(signature.arrays)
     writable = [a.intent != "in" for a in signature.arrays]

@@ -7,7 +7,7 @@ import cffi
 
 from ..errors import DeviceUnavailable
 from .abi import KernelCallable, flat_view
-from .c import CTYPES, declaration
+from .c import CTYPES, declaration, dlopen
 
 
 def load(path):
@@ -20,7 +20,7 @@ def bind(library, signature, validate=None):
     gpuarray = _gpuarray()
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature, result="int"))
-    launcher = getattr(ffi.dlopen(str(library)), signature.name)
+    launcher = getattr(dlopen(ffi, library), signature.name)
     pointer_type = CTYPES[signature.dtype] + " *"
     n_inputs, n_arrays = len(signature.inputs), len(signature.arrays)
 

@@ -33,6 +33,11 @@ class idiv(sympy.Function):
     in grouped-query attention). Printed as plain integer division in every language."""
     nargs = 2
 
+    @classmethod
+    def eval(cls, a, b):
+        if a.is_Integer and b.is_Integer:  # numbers substituted in: evaluate
+            return sympy.Integer(a // b)
+
 
 def as_dim(value) -> sympy.Expr:
     if isinstance(value, str):

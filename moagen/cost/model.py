@@ -1,0 +1,123 @@
+"""F, M, scratch and atomics of one kernel variant, derived from the ONF it emits, as sympy
+expressions in the kernel's sizes, and as numbers for given sizes."""
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, Tuple
+
+import numpy as np
+import sympy
+
+from moagen.codegen.emit import check_dtype, onf_of
+from moagen.cost.flops import FLOP, count_ops
+from moagen.cost.traffic import Moved, minimum_traffic, nest_traffic, working_set
+from moagen.cost.view import counting_view
+from moagen.errors import MoagenError
+from moagen.kernels import get_kernel
+from moagen.onf.count import atomic_updates
+
+CACHE_ASSUMPTION = ("each nest is one pass over main memory, and what a nest reuses stays in "
+                    "cache while it runs (the cache holds the working set)")
+
+
+class SizeError(MoagenError):
+    """A -D size that is unknown, missing, malformed, or that the kernel rejects."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    kernel: str
+    variant: str
+    dtype: str
+    sizes: Tuple[sympy.Symbol, ...]
+    ops: Dict[str, sympy.Expr]  # FLOP and the operations counted apart (div, exp, ...)
+    traffic: Dict[str, Moved]  # elements per array, each nest a pass over memory
+    minimum: Dict[str, Moved]  # elements per array, the call as one pass (infinite cache)
+    scratch: Dict[str, sympy.Expr]  # elements per temporary the caller allocates
+    atomics: Dict[str, sympy.Expr]  # atomic updates per array
+    working_set: sympy.Expr  # elements the cache must hold for the in-nest reuse
+    assumptions: Tuple[str, ...]  # what the symbolic counts assume of the sizes
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def flops(self) -> sympy.Expr:
+        return self.ops.get(FLOP, sympy.Integer(0))
+
+    @property
+    def special(self) -> Dict[str, sympy.Expr]:
+        return {op: n for op, n in self.ops.items() if op != FLOP}
+
+    @property
+    def M(self) -> sympy.Expr:
+        """Bytes moved between main memory and the cache, under CACHE_ASSUMPTION."""
+        return _bytes(self.traffic, self.itemsize)
+
+    @property
+    def M_min(self) -> sympy.Expr:
+        """Bytes moved with an infinite cache: the series' M."""
+        return _bytes(self.minimum, self.itemsize)
+
+    @property
+    def scratch_bytes(self) -> sympy.Expr:
+        return sympy.factor(self.itemsize * sum(self.scratch.values(), sympy.Integer(0)))
+
+    def sizes_from(self, given: Dict[str, int]) -> Dict[sympy.Symbol, int]:
+        """The kernel's sizes by symbol, from values by name; every size must be there."""
+        names = {s.name: s for s in self.sizes}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise SizeError(f"{self.kernel} has no size {', '.join(unknown)}; its sizes: "
+                            f"{', '.join(names)}")
+        missing = [name for name in names if name not in given]
+        if missing:
+            raise SizeError(f"{self.kernel} needs every size for numbers; missing: "
+                            f"{', '.join(f'-D {m}=...' for m in missing)}")
+        validate = get_kernel(self.kernel).validate
+        if validate:
+            try:
+                validate(dict(given), {})
+            except ValueError as error:
+                raise SizeError(str(error)) from error
+        return {s: given[s.name] for s in self.sizes}
+
+
+def _bytes(per_array, itemsize):
+    return sympy.factor(itemsize * sum((m.read + m.written for m in per_array.values()),
+                                       sympy.Integer(0)))
+
+
+def value(expr, env: Dict[sympy.Symbol, int]):
+    """expr at the given sizes: an int when whole."""
+    number = sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in env.items()}).doit()
+    return int(number) if number.is_Integer else float(number)
+
+
+@lru_cache(maxsize=None)
+def predict(kernel: str, variant: str = None, dtype: str = "float64") -> Cost:
+    onf = onf_of(kernel, variant)
+    view = counting_view(onf)
+    return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
+                ops=count_ops(view.nests), traffic=nest_traffic(view.nests),
+                minimum=minimum_traffic(view.nests),
+                scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
+                atomics=atomic_updates(onf), working_set=_largest(working_set(view.nests)),
+                assumptions=view.assumptions)
+
+
+def _largest(candidates) -> sympy.Expr:
+    """Max of the candidates, less those another is at least for every size >= 1 (shown by
+    the difference having no negative coefficient once each size s is written 1 + s)."""
+    if not candidates:
+        return sympy.Integer(0)
+    shift = {s: s + 1 for c in candidates for s in c.free_symbols}
+
+    def covers(big, small):
+        difference = sympy.expand((big - small).xreplace(shift))
+        coefficients = sympy.Poly(difference, *shift).coeffs() if shift else [difference]
+        return all(c >= 0 for c in coefficients)
+
+    kept = [c for c in candidates
+            if not any(other != c and covers(other, c) for other in candidates)]
+    return sympy.Max(*kept)

@@ -1,0 +1,101 @@
+"""Measured counterparts for CUDA without a GPU: each `__global__` kernel (one per nest) of a
+variant compiled for the GPUs moagen targets, with ptxas' registers, shared memory and
+spills, and the atomic instructions in its SASS (cuobjdump, from the pip packages
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), next to the ONF's atomic updates in the
+nest the kernel runs."""
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Tuple
+
+import sympy
+
+from moagen import build
+from moagen.build import CUDA_ARCHS
+from moagen.codegen.cuda import CudaPrinter
+from moagen.codegen.emit import emit, onf_of, stem
+from moagen.errors import CompilerNotFound, MoagenError
+from moagen.onf.count import atomic_updates
+
+INSTALL_CUOBJDUMP = "pip install nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37"
+# global atomics (ATOM, ATOMG; RED, REDG when the old value is unused) and shared ones
+ATOMIC = re.compile(r"\b(ATOMG?|REDG?|ATOMS)\.")
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    arch: str
+    name: str  # the __global__ function
+    nest: str  # the ONF nest it runs
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+    sass_atomics: int  # atomic instructions in its SASS (static count)
+    onf_atomics: Dict[str, sympy.Expr]  # atomic updates per array of its nest, per call
+
+
+def inspect(kernel: str, variant: str = None, dtype: str = "float64",
+            archs: Tuple[str, ...] = CUDA_ARCHS):
+    """One KernelReport per __global__ kernel of the variant's `dtype` launcher, per arch."""
+    onf = onf_of(kernel, variant)
+    names = [k["name"] for k in CudaPrinter(onf, dtype).kernels()]  # one per nest, in order
+    source = emit(kernel, onf.variant, "cuda")
+    reports = []
+    for arch in archs:
+        result = build.compile_cuda(source, stem(kernel, onf.variant), arch)
+        ptxas = _ptxas(result.ptxas_report)
+        atomics = _sass_atomics(result.cubin)
+        for name, nest in zip(names, onf.nests):
+            if name not in ptxas or name not in atomics:
+                raise MoagenError(f"{result.cubin} has no kernel {name}")
+            reports.append(KernelReport(arch, name, nest.label, **ptxas[name],
+                                        sass_atomics=atomics[name],
+                                        onf_atomics=atomic_updates(onf.with_nests([nest]))))
+    return reports
+
+
+def _ptxas(report: str) -> Dict[str, dict]:
+    """ptxas -v's resources per entry function, by unmangled name."""
+    out = {}
+    for part in re.split(r"Compiling entry function '", report)[1:]:
+        name = _unmangle(part.split("'", 1)[0])
+        number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, part)) else 0
+        out[name] = dict(registers=number(r"Used (\d+) registers"),
+                         shared_bytes=number(r"(\d+) bytes smem"),
+                         stack_bytes=number(r"(\d+) bytes stack frame"),
+                         spill_stores=number(r"(\d+) bytes spill stores"),
+                         spill_loads=number(r"(\d+) bytes spill loads"))
+    return out
+
+
+def _sass_atomics(cubin: Path) -> Dict[str, int]:
+    """Atomic instructions per function in the cubin's SASS."""
+    tool, env = _cuobjdump()
+    done = subprocess.run([tool, "-sass", str(cubin)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MoagenError(f"cuobjdump -sass {cubin} failed:\n{done.stderr}")
+    parts = re.split(r"Function : (\S+)", done.stdout)[1:]
+    return {_unmangle(name): len(ATOMIC.findall(body)) for name, body in zip(parts[::2], parts[1::2])}
+
+
+def _cuobjdump():
+    """cuobjdump, with nvdisasm (which it runs) on its PATH: the pip packages' or the
+    CUDA toolkit's."""
+    pip_bin = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin"
+    path = f"{pip_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+    tool = shutil.which("cuobjdump", path=path)
+    if tool is None or shutil.which("nvdisasm", path=path) is None:
+        raise CompilerNotFound(f"cuobjdump and nvdisasm not found; install them with: {INSTALL_CUOBJDUMP}")
+    return tool, {**os.environ, "PATH": path}
+
+
+def _unmangle(symbol: str) -> str:
+    """The function name of a mangled C++ symbol (_Z<length><name><parameters>)."""
+    m = re.match(r"_Z(\d+)", symbol)
+    return symbol[m.end():m.end() + int(m.group(1))] if m else symbol

@@ -1,0 +1,220 @@
+"""M: elements moved between main memory and the cache, read off the ONF's array accesses.
+
+The cache assumption, printed with every result:
+  * within a nest, data the nest uses again is still in cache when it does (a K row block,
+    a score row, a KV head shared by a query group): the largest such working set is
+    reported, and the assumption holds where the cache holds it;
+  * between nests, nothing is (each nest is one pass over main memory: the arrays are
+    larger than the cache).
+So a nest moves each element it touches once: it reads it from memory unless its first
+access to the array writes it, and writes it back if it writes it. The minimum (the
+series' M) is the same count over the whole call, as with an infinite cache: every array
+element read once if it must be, written once if it is.
+
+An access's region is the set of offsets it touches: its offset is injective in the loop
+variables it uses (gamma is), so the region has as many elements as those loops have
+iterations, counted by moagen.onf.count. Loops the offset does not use but whose bounds
+move the used loops' bounds (a causal row j <= i, a tile, a slice of keys) are replaced by
+their extremes: bounds grow with the outer loops. Accesses with the same region (up to
+renaming loop variables) count once; different regions of one array are taken disjoint.
+"""
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, Iterable, Tuple
+
+import sympy
+
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.count import executions
+from moagen.onf.loops import Loop, Store, stmt_exprs
+
+Bounds = Tuple[Tuple[sympy.Symbol, sympy.Expr, sympy.Expr], ...]  # (var, start, stop), outer first
+
+
+@dataclass(frozen=True)
+class Access:
+    array: str
+    offset: sympy.Expr
+    loops: Bounds  # the loops around it inside the block it was collected from
+    reads: bool
+    writes: bool
+
+    @property
+    def plain_write(self):
+        return self.writes and not self.reads
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Elements of one array read from and written to main memory."""
+    read: sympy.Expr = sympy.Integer(0)
+    written: sympy.Expr = sympy.Integer(0)
+
+    def __add__(self, other):
+        return Moved(self.read + other.read, self.written + other.written)
+
+
+def accesses(stmts, loops: Bounds = ()) -> Iterable[Access]:
+    """Every array access under stmts in program order (a store's loads before the store)."""
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield from accesses(s.body, loops + ((s.var, s.start, s.stop),))
+            continue
+        for value in stmt_exprs(s):
+            for load in _loads(value):
+                yield Access(load.array, load.offset, loops, True, False)
+        if isinstance(s, Store):
+            yield Access(s.array, s.index[0], loops, s.accumulate is not None, True)
+
+
+def moved(stream) -> Dict[str, Moved]:
+    """What one pass over main memory moves, per array, for a program-ordered list of
+    accesses: reads unless the array's first access writes it, writes where it writes."""
+    by_array: Dict[str, list] = {}
+    for a in stream:
+        by_array.setdefault(a.array, []).append(a)
+    out = {}
+    for array, accs in by_array.items():
+        read = 0 if accs[0].plain_write else footprint(a for a in accs if a.reads)
+        out[array] = Moved(sympy.sympify(read), footprint(a for a in accs if a.writes))
+    return out
+
+
+def nest_traffic(nests) -> Dict[str, Moved]:
+    """Each nest a pass of its own, summed."""
+    total: Dict[str, Moved] = {}
+    for nest in nests:
+        for array, m in moved(accesses(nest.body)).items():
+            total[array] = total.get(array, Moved()) + m
+    return {k: Moved(sympy.factor(m.read), sympy.factor(m.written)) for k, m in total.items()}
+
+
+def minimum_traffic(nests) -> Dict[str, Moved]:
+    """The whole call as one pass: every element moved at most once each way."""
+    return moved(a for nest in nests for a in accesses(nest.body))
+
+
+def footprint(accs) -> sympy.Expr:
+    """Distinct elements the accesses touch (all of one array)."""
+    regions = {}
+    for a in accs:
+        key, count = region(a.offset, a.loops)
+        regions[key] = count
+    return sympy.factor(sum(regions.values(), sympy.Integer(0)))
+
+
+def working_set(nests) -> Tuple[sympy.Expr, ...]:
+    """Elements the cache must hold for the in-nest reuse to hit: for each loop that reuses
+    data (an access that does not move with its variable, or two of its statements touching
+    the same region), what one of its iterations touches; for a nest whose top-level
+    statements share data, the whole nest. The candidates, for a Max."""
+    blocks = []
+    for nest in nests:
+        if _siblings_share(nest.body):
+            blocks.append(nest.body)
+        blocks += [loop.body for loop in _reusing_loops(nest.body)]
+    return tuple(dict.fromkeys(_touched(list(accesses(b))) for b in blocks))
+
+
+def _touched(stream) -> sympy.Expr:
+    """Distinct elements the accesses touch, all arrays together."""
+    arrays = dict.fromkeys(a.array for a in stream)
+    return sympy.factor(sum((footprint(a for a in stream if a.array == x) for x in arrays),
+                            sympy.Integer(0)))
+
+
+def _reusing_loops(stmts):
+    """Every loop under stmts that carries reuse: an access inside that does not move with
+    the loop (but moves with every loop between), or two of its body's statements touching
+    the same region."""
+    for s in stmts:
+        if not isinstance(s, Loop):
+            continue
+        this = ((s.var, s.start, s.stop),)
+        across = any(not _moves_with(s.var, a.offset, this + a.loops)
+                     and all(_moves_with(v, a.offset, a.loops) for v, _, _ in a.loops)
+                     for a in accesses(s.body))
+        if across or _siblings_share(s.body):
+            yield s
+        yield from _reusing_loops(s.body)
+
+
+def _moves_with(var, offset, loops: Bounds):
+    """Whether an access touches other elements at each iteration of loop `var`: its offset
+    uses var (not only through idiv), or a loop it uses starts where var says (a tile, a
+    slice of keys). A loop whose stop alone moves (a causal prefix) keeps what it had."""
+    offset, loops = _group_divisions(offset, loops)
+    used = offset.free_symbols
+    return var in used or any(var in start.free_symbols for v, start, _ in loops if v in used)
+
+
+def _siblings_share(stmts):
+    """Two statements of one block touching the same region of an array."""
+    seen = {}
+    for k, s in enumerate(stmts):
+        for a in accesses((s,)):
+            key = (a.array, region(a.offset, a.loops)[0])
+            if seen.setdefault(key, k) != k:
+                return True
+    return False
+
+
+def region(offset, loops: Bounds):
+    """(a key equal for equal regions, the number of elements) of one access."""
+    offset, loops = _group_divisions(offset, loops)
+    used = offset.free_symbols & {v for v, _, _ in loops}
+    chain = tuple((v, _extreme(start, "lo", loops, used), _extreme(stop, "hi", loops, used))
+                  for v, start, stop in loops if v in used)
+    return _canonical(offset, chain), _count(chain)
+
+
+def _group_divisions(offset, loops: Bounds):
+    """idiv(v, G) of a loop variable v over [a, b) -> a new variable over [a/G, b/G)."""
+    for v, start, stop in loops:
+        divisions = [t for t in offset.atoms(idiv) if t.args[0] == v]
+        if len(divisions) != 1:
+            continue
+        group = sympy.Dummy(f"{v}_group", integer=True)
+        replaced = offset.xreplace({divisions[0]: group})
+        if v in replaced.free_symbols:
+            continue  # v is also used whole: the access moves with v
+        g = divisions[0].args[1]
+        loops = tuple((w, s, e) if w != v else (group, start / g, stop / g) for w, s, e in loops)
+        offset = replaced
+    return offset, loops
+
+
+def _extreme(bound, side, loops: Bounds, used):
+    """bound with the unused loops' variables at their extremes: the smallest start ("lo")
+    or the largest stop ("hi") over them."""
+    ranges = {v: (start, stop) for v, start, stop in loops if v not in used}
+    while ranges.keys() & bound.free_symbols:
+        bound = bound.xreplace({v: start if side == "lo" else stop - 1
+                                for v, (start, stop) in ranges.items()})
+    return bound
+
+
+def _canonical(offset, chain: Bounds):
+    """The region with its loop variables renamed in order of their stride in the offset,
+    so that the same region reached by differently named or ordered loops has one key."""
+    order = sorted(chain, key=lambda b: (str(sympy.diff(offset, b[0])), str(b[1]), str(b[2])))
+    names = {v: sympy.Symbol(f"_r{k}", integer=True) for k, (v, _, _) in enumerate(order)}
+    return (offset.xreplace(names),
+            frozenset((names[v], s.xreplace(names), e.xreplace(names)) for v, s, e in chain))
+
+
+@lru_cache(maxsize=None)
+def _count(chain: Bounds) -> sympy.Expr:
+    """Iterations of the loops in chain, nested in order (the ONF's own counter)."""
+    body = (Store("@", (), S.Num(0.0)),)
+    for var, start, stop in reversed(chain):
+        body = (Loop(var, start, stop, body),)
+    return executions(body, lambda s: isinstance(s, Store)).get("@", sympy.Integer(1))
+
+
+def _loads(e):
+    if isinstance(e, S.Load):
+        yield e
+    for child in S.children(e):
+        yield from _loads(child)

@@ -1,0 +1,73 @@
+"""The counting view of an ONF: the same loops with bounds sympy can sum in closed form.
+
+A tiled loop counts its tiles with idiv(n + T - 1, T) and ends at Min(n, tile end): exact,
+but sympy leaves sums over such bounds unevaluated. The view assumes that every size is a
+multiple of the tiles that cut it (and that kv_heads divides q_heads, which the kernel's
+validate enforces): then idiv(n + T - 1, T) = n / T, every tile is full, and each rewrite
+below is exact. The assumptions a kernel needed are returned, to be printed with its cost.
+"""
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+import sympy
+
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.loops import Loop, Nest, ONF, Store, map_stmt_exprs
+
+
+@dataclass(frozen=True)
+class View:
+    nests: Tuple[Nest, ...]
+    assumptions: Tuple[str, ...]  # e.g. "64 divides n"
+
+
+def counting_view(onf: ONF) -> View:
+    sizes = frozenset(onf.sizes)
+    assumed = []
+
+    def divide(e):
+        """idiv over sizes only, as exact division (recording what that assumes)."""
+        def exact(a, b):
+            if not (a.free_symbols | b.free_symbols) <= sizes:
+                return idiv(a, b)  # an index's division (a query head's KV head) stays
+            if b.is_Integer and a.as_coeff_Add()[0] == b - 1:  # a tile count: idiv(x + T - 1, T)
+                a = a - b + 1
+            assumed.append(f"{b} divides {a}")
+            return a / b
+        return sympy.sympify(e).replace(idiv, exact)
+
+    def stmt(s, maxima):
+        if isinstance(s, Loop):
+            start, stop = divide(s.start), _full_tile(divide(s.stop), maxima)
+            inner = {**maxima, s.var: stop - 1}
+            return replace(s, start=start, stop=stop, body=tuple(stmt(b, inner) for b in s.body))
+        s = map_stmt_exprs(s, lambda e: _map_offsets(e, divide))
+        return replace(s, index=tuple(map(divide, s.index))) if isinstance(s, Store) else s
+
+    nests = tuple(replace(n, body=tuple(stmt(s, {}) for s in n.body)) for n in onf.nests)
+    return View(nests, tuple(dict.fromkeys(assumed)))
+
+
+def _full_tile(stop, maxima):
+    """Min(n, tile end) -> the tile end, where the tile end is at most n even at the last
+    iteration of the enclosing loops (bounds grow with them)."""
+    if not isinstance(stop, sympy.Min):
+        return stop
+    for arg in stop.args:
+        last = arg.xreplace(maxima)
+        if all(sympy.simplify(other - last).is_nonnegative for other in stop.args if other != arg):
+            return arg
+    return stop
+
+
+def _map_offsets(e, fn):
+    """e with fn applied to every index expression (load offsets, sizes used as numbers,
+    select conditions)."""
+    if isinstance(e, S.Load):
+        return S.Load(e.array, fn(e.offset))
+    if isinstance(e, S.Dim):
+        return S.Dim(fn(e.value))
+    if isinstance(e, S.Select):
+        return S.Select(fn(e.cond), _map_offsets(e.then, fn), _map_offsets(e.other, fn))
+    return S.map_children(e, lambda c: _map_offsets(c, fn))

@@ -1,0 +1,192 @@
+"""The benchmark harness: what it measures, records and refuses. No test asserts a time;
+these check the records' contents, the arithmetic on them and the error paths."""
+import json
+
+import numpy as np
+import pytest
+
+from moagen.bench import atomics, cases, languages, machine, report, slurm, suite, sweep, topology
+from moagen.bench.timing import time_calls
+from moagen.bench.worker import _call
+from moagen.cli import main
+from moagen.errors import DeviceUnavailable, MoagenError
+
+QUICK = ["bench", "--quick", "--kernels", "rmsnorm_fwd", "--lang", "c", "--n", "64", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, session_build_dir):
+    out = tmp_path_factory.mktemp("bench") / "results.jsonl"
+    code = main(QUICK + ["--out", str(out)])
+    return code, out
+
+
+def test_quick_sweep_records_kernels_baselines_roof_and_machine(quick_run):
+    code, out = quick_run
+    assert code == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["record"] == "run" and records[0]["machine"]["cores"] >= 1
+    assert {"c", "fortran"} <= set(records[0]["machine"]["toolchain"])
+    results = [r for r in records if r["record"] == "result"]
+    assert sorted((r["lang"], r["variant"]) for r in results) == [
+        ("c", "dnf"), ("c", "naive"), ("numpy", None), ("torch", None)]
+    assert all(r["run"] == records[0]["run"] and r["threads"] == 1 for r in records[1:])
+    for r in results:
+        assert 0 < r["min_s"] <= r["q1_s"] <= r["median_s"] <= r["q3_s"]
+    ours = next(r for r in results if r["variant"] == "dnf")
+    # F and M from the cost model: x*x, the sum, the scale per element; x read, z written
+    assert ours["flops"] >= 3 * 64 * 1024 and ours["bytes"] >= 2 * 64 * 1024 * 8
+    assert ours["gflops"] == pytest.approx(ours["flops"] / ours["median_s"] / 1e9)
+    roof = next(r for r in records if r["record"] == "roof")
+    assert roof["triad_gbs"] > 0 and roof["gemm_gflops"] > 0
+
+
+def test_summary_has_ratios_and_plots(quick_run):
+    _, out = quick_run
+    folder = out.with_suffix("")
+    text = (folder / "summary.md").read_text()
+    assert "numpy/this" in text and "| rmsnorm_fwd | dnf c | 64 | 1 |" in text
+    assert (folder / "rmsnorm_fwd.png").stat().st_size > 0 and (folder / "roofline.png").exists()
+
+
+def test_ratios_pair_each_result_with_baselines_of_its_own_setting():
+    setting = dict(threads=2)
+    base = dict(record="result", kernel="k", dtype="float64", sizes={"n": 8}, threads=2,
+                setting=setting)
+    rows = report.with_ratios([dict(base, lang="c", variant="v", median_s=2.0),
+                               dict(base, lang="numpy", variant=None, median_s=6.0),
+                               dict(base, lang="torch", variant=None, median_s=1.0),
+                               dict(base, lang="c", variant="v", median_s=3.0, threads=1)])
+    assert rows[0]["ratios"] == {"numpy": 3.0, "torch": 0.5}
+    assert rows[3]["ratios"] == {}  # no baseline measured at 1 thread
+
+
+def test_time_calls_round_robin_after_warmup():
+    order = []
+    stats = time_calls([lambda: order.append("a"), lambda: order.append("b")], warmup=2, repeats=3)
+    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3
+    assert [s["repeats"] for s in stats] == [3, 3]
+
+
+def test_bad_input_messages(capsys):
+    for argv, message in ((["--kernels", "attention_nope"], "attention_nope"),
+                          (["--lang", "cobol"], "unknown language 'cobol'"),
+                          (["--out", "/proc/no/such/results.jsonl"], "cannot write results")):
+        assert main(["bench", "--quick", "--threads", "1"] + argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("moagen: error: ") and message in err
+
+
+def test_gpu_requested_where_none_exists(capsys):
+    from moagen.bind import cuda
+    if cuda.available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(DeviceUnavailable):
+        cases.check_impl("cuda")
+    assert main(["bench", "atomics", "--lang", "cuda", "--n", "8"]) == 2
+    assert "no GPU" in capsys.readouterr().err
+
+
+def test_a_failing_worker_keeps_what_was_measured(tmp_path, session_build_dir):
+    good = dict(kernel="rmsnorm_fwd", dtype="float64", sizes=cases.sizes("rmsnorm_fwd", 8),
+                impls=[["c", "dnf"]])
+    # a cache with 4 valid rows out of 2: the kernel's own validation refuses it
+    bad = dict(kernel="attention_decode", dtype="float64",
+               sizes=dict(batch=1, q_heads=2, kv_heads=1, cap=2, d=4, n=4), impls=[["c", "online"]])
+    results = sweep.Results(tmp_path / "r.jsonl", ["test"])
+    with pytest.raises(MoagenError, match="worker failed"):
+        sweep.run([sweep.Job(sweep.Setting(1), [good, bad], warmup=0, repeats=1)], results)
+    kept = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["record"] for r in kept] == ["run", "result"] and kept[1]["kernel"] == "rmsnorm_fwd"
+
+
+def test_a_call_per_batch_entry_computes_the_same(session_build_dir):
+    sizes = dict(batch=3, q_heads=4, kv_heads=2, cap=9, d=5, n=7)
+    fn = cases.kernel_callable("attention_decode", "split", "c", "float64")
+    args, scalars = cases.inputs("attention_decode", sizes, "float64"), cases.scalars("attention_decode", sizes)
+    whole, parts = cases.outputs(fn, sizes), cases.outputs(fn, sizes)
+    _call(fn, args, whole, scalars, "one")()
+    _call(fn, args, parts, scalars, "per-batch")()
+    for a, b in zip(whole, parts):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_c_without_restrict_computes_the_same(session_build_dir):
+    source = cases.source_without_restrict("attention_fwd", "dnf")
+    assert "restrict" not in source.split("*/", 1)[1]  # past the banner
+    sizes = dict(batch=1, heads=2, n=9, d=5)
+    args, scalars = cases.inputs("attention_fwd", sizes, "float64"), cases.scalars("attention_fwd", sizes)
+    plain = cases.kernel_callable("attention_fwd", "dnf", "c-norestrict", "float64")(*args, **scalars)
+    ref = cases.kernel_callable("attention_fwd", None, "numpy", "float64")(*args, **scalars)
+    for ours, theirs in zip(plain, ref):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_atomic_counts_are_read_off_the_onf():
+    sizes = dict(batch=2, heads=1, n=2048, d=64)  # paper V's B=2, N=2048, D=64
+    assert atomics.atomic_count("attention_fwdbwd", "atomic", sizes) == 1_073_741_824
+    assert atomics.atomic_count("attention_bwd", "atomic", sizes) == 536_870_912
+    assert atomics.atomic_count("attention_fwdbwd", "owner", sizes) == 0
+
+
+def test_atomics_table_from_records():
+    def rec(kernel, variant, t):
+        return dict(record="result", kernel=kernel, variant=variant, lang="c", sizes=dict(n=64),
+                    median_s=t)
+    table = atomics.rows([rec("attention_fwdbwd", "atomic", 4.0), rec("attention_fwdbwd", "owner", 1.0),
+                          rec("attention_fwd", "dnf", 1.0), rec("attention_bwd", "atomic", 1.0)])
+    assert table[0]["separate_s"] == 2.0
+    assert table[0]["atomic_updates"] == 2 * table[0]["separate_updates"] > 0
+    assert "2.00" in atomics.format_table(table)
+
+
+def test_parse_callgrind():
+    text = "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nfn=x\n0 1\nsummary: 10 4 2 0 3 1 0 1 0\n"
+    assert languages.parse_callgrind(text) == dict(Ir=10, Dr=4, Dw=2, D1mr=3, D1mw=1, DLmr=1, DLmw=0)
+
+
+def test_topology_settings_and_penalties():
+    settings = topology.settings(8)
+    assert {s.threads for s in settings} == {1, 2, 4, 8}
+    assert len(settings) == 4 * len(topology.PLACEMENTS) * 2 * 2
+    env = sweep.Setting(4, "spread", "cores").env()
+    assert env["OMP_NUM_THREADS"] == "4" and env["OMP_PROC_BIND"] == "spread"
+    assert "OMP_PLACES" not in sweep.Setting(4).env()
+    recs = [dict(record="result", variant="online", sizes=dict(n=8), median_s=t,
+                 setting=sweep.Setting(k).__dict__) for k, t in ((1, 3.0), (2, 1.5))]
+    (penalty, label, _), (worst, _, _) = topology.penalties(recs)[("online", 8)]
+    assert (penalty, worst) == (1.0, 2.0) and label.startswith("t=2 ")
+    text = topology.format_table(topology.penalties(recs))
+    assert "1 threads: penalty   2.00 best" in text and "2 threads: penalty   1.00 best" in text
+
+
+def test_slurm_script_places_threads_on_numa_machines(tmp_path):
+    text = slurm.script(cores=128, numa_nodes=8, partition="cpu")
+    assert "#SBATCH --cpus-per-task=128" in text and "--max-threads 512" in text
+    assert "#SBATCH --partition=cpu" in text and "numactl --interleave=all" in text
+    assert "numactl --interleave" not in slurm.script(cores=4)
+    out = tmp_path / "job.sh"
+    assert main(["slurm", "--cores", "4", "-o", str(out)]) == 0 and out.read_text().startswith("#!")
+
+
+def test_machine_topology():
+    assert machine.cpus_of("0-3,8") == [0, 1, 2, 3, 8]
+    topo = machine.topology()
+    assert topo["logical_cpus"] >= topo["cores"] >= 1 and topo["numa_nodes"]
+    assert suite.thread_counts(6) == [1, 2, 4, 6]
+
+
+def test_report_of_a_file_without_runs(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    assert main(["report", str(path)]) == 2
+
+
+def test_restrict_ablation_compares_machine_code(session_build_dir):
+    from moagen import build
+    from moagen.codegen.emit import emit
+    assert languages.restrict_changes_code("rmsnorm_fwd", "dnf") in (False, True)
+    # the comparison sees a difference where there is one
+    naive, dnf = (languages._disassembly(build.build_c(emit("rmsnorm_fwd", v, "c"), f"rmsnorm_fwd_{v}"))
+                  for v in ("naive", "dnf"))
+    assert naive != dnf

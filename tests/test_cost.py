@@ -1,0 +1,305 @@
+"""The cost model: F, M, scratch and atomics read off the ONF; checked against a brute-force
+walk of every loop iteration, against the series' formulas, and against cachegrind and the
+SASS of the CUDA kernels."""
+import json
+import shutil
+from collections import Counter
+
+import pytest
+import sympy
+
+from moagen.cli import main
+from moagen.codegen.emit import onf_of
+from moagen.cost import measure, model, sass
+from moagen.cost.flops import stmt_ops
+from moagen.cost.traffic import accesses, footprint, region
+from moagen.errors import CompilerNotFound
+from moagen.kernels import KERNELS
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv, sym
+from moagen.onf.interpret import index_fn
+from moagen.onf.loops import Loop, Store
+
+B, H, N, D = (sym(s) for s in ("batch", "heads", "n", "d"))
+VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants]
+ATTENTION = dict(batch=1, heads=2, n=16, d=3)
+# small, and multiples of the tiles (64 keys online, 16 slices split): the counting view's
+# assumptions hold, so the model must be exact
+TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=16),
+        "kv_append": dict(batch=2, kv_heads=2, cap=5, d=3, n=3),
+        "rmsnorm_fwd": dict(batch=2, n=5, d=3)}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tiny_sizes(kernel, variant):
+    sizes = TINY.get(kernel, ATTENTION)
+    tiled = "64 divides n" in model.predict(kernel, variant).assumptions  # online's key blocks
+    return dict(sizes, heads=1, n=64, d=2) if tiled else sizes
+
+
+# ---- the model against every iteration, walked ------------------------------------------
+
+class Pass:
+    """One pass over memory: an element is read from memory when its first access reads
+    it, written back when it is written at all."""
+
+    def __init__(self):
+        self.first, self.written = {}, set()
+
+    def touch(self, array, offset, reads, writes):
+        self.first.setdefault((array, offset), "read" if reads else "written")
+        if writes:
+            self.written.add((array, offset))
+
+    def moved(self):
+        read = Counter(a for (a, _), kind in self.first.items() if kind == "read")
+        return read, Counter(a for a, _ in self.written)
+
+
+def brute_force(onf, sizes):
+    """Operations by kind, and (read, written) elements per array with each nest a pass and
+    with the whole call one pass, by executing every statement of the ONF at these sizes."""
+    ops, ints, whole, passes = Counter(), dict(sizes), Pass(), []
+    compiled = {}  # statement id -> (its operations, its accesses with offset functions)
+
+    def walk(stmts, nest_pass):
+        for s in stmts:
+            if isinstance(s, Loop):
+                for ints[s.var.name] in range(index_fn(s.start)(ints), index_fn(s.stop)(ints)):
+                    walk(s.body, nest_pass)
+                continue
+            if id(s) not in compiled:
+                compiled[id(s)] = (stmt_ops(s), [(a.array, index_fn(a.offset), a.reads, a.writes)
+                                                 for a in accesses((s,))])
+            kinds, touched = compiled[id(s)]
+            ops.update(kinds)
+            for array, offset, reads, writes in touched:
+                for p in (nest_pass, whole):
+                    p.touch(array, offset(ints), reads, writes)
+
+    for nest in onf.nests:
+        passes.append(Pass())
+        walk(nest.body, passes[-1])
+    read, written = Counter(), Counter()
+    for p in passes:
+        r, w = p.moved()
+        read, written = read + r, written + w
+    return ops, (read, written), whole.moved()
+
+
+@pytest.mark.parametrize("kernel,variant", VARIANTS)
+def test_model_counts_what_every_iteration_does(kernel, variant):
+    sizes = tiny_sizes(kernel, variant)
+    cost = model.predict(kernel, variant)
+    env = cost.sizes_from(sizes)
+    ops, (read, written), (min_read, min_written) = brute_force(onf_of(kernel, variant), sizes)
+    assert {op: model.value(n, env) for op, n in cost.ops.items()} == dict(ops)
+    for array, moved in cost.traffic.items():
+        assert model.value(moved.read, env) == read[array], array
+        assert model.value(moved.written, env) == written[array], array
+    for array, moved in cost.minimum.items():
+        assert model.value(moved.read, env) == min_read[array], array
+        assert model.value(moved.written, env) == min_written[array], array
+    assert set(cost.traffic) == set(read) | set(written)
+
+
+def test_regions_of_a_causal_prefix_a_query_group_and_a_tile():
+    i, j, c, h, t = (sym(v) for v in ("i", "j", "c", "h", "j_blk"))
+    zero = sympy.Integer(0)
+    # K[j, c] for j <= i, over every i: the whole of K once, not n(n+1)/2 rows
+    causal = ((i, zero, N), (j, zero, i + 1), (c, zero, D))
+    assert region(c + D * j, causal)[1] == N * D
+    # a KV head shared by a group of q_heads / kv_heads query heads
+    q, kv = sym("q_heads"), sym("kv_heads")
+    grouped = ((h, zero, q), (c, zero, D))
+    assert sympy.simplify(region(c + D * idiv(h, q / kv), grouped)[1] - kv * D) == 0
+    # rows of 64-row tiles, each tile's rows named j: all n rows, once
+    tiled = ((t, zero, N / 64), (j, 64 * t, 64 * t + 64), (c, zero, D))
+    assert sympy.simplify(region(c + D * j, tiled)[1] - N * D) == 0
+    # two loops reaching one region under other names count it once
+    stmts = [Loop(v, zero, N, (Loop(c, zero, D, (Store("O", (c + D * v,), S.Num(0.0)),)),))
+             for v in (i, j)]
+    assert footprint(accesses(stmts)) == N * D
+
+
+# ---- the series' formulas -----------------------------------------------------------
+
+def positive(e):
+    return e.xreplace({s: sympy.Symbol(s.name, positive=True) for s in e.free_symbols})
+
+
+@pytest.mark.parametrize("kernel", ["attention_fwd", "attention_fwd_causal"])
+def test_only_the_naive_forward_moves_n_squared(kernel):
+    degree = {v: sympy.Poly(model.predict(kernel, v).M, N).degree() for v in KERNELS[kernel].variants}
+    assert degree == {"naive": 2, "dnf": 1, "online": 1}
+    assert sympy.Poly(model.predict(kernel, "naive").M_min, N).degree() == 2
+
+
+def test_naive_over_dnf_traffic_grows_like_n_over_d():
+    ratio = positive(model.predict("attention_fwd", "naive").M / model.predict("attention_fwd", "dnf").M)
+    symbols = {s.name: s for s in ratio.free_symbols}
+    n, d = symbols["n"], symbols["d"]
+    per_n_over_d = sympy.limit(ratio * d / n, n, sympy.oo)
+    assert per_n_over_d.is_positive and per_n_over_d.free_symbols <= {d}
+    large_d = sympy.limit(per_n_over_d, d, sympy.oo)
+    assert large_d.is_positive and large_d.is_finite  # neither grows nor vanishes with d
+
+
+@pytest.mark.parametrize("variant", ["atomic", "owner"])
+def test_fused_forward_backward_moves_4nd_in_and_4nd_out(variant):
+    cost = model.predict("attention_fwdbwd", variant)
+    read = sum(m.read for m in cost.minimum.values())
+    written = sum(m.written for m in cost.minimum.values())
+    assert sympy.expand(read - 4 * B * H * N * D) == 0
+    rest = sympy.expand(written - 4 * B * H * N * D)
+    assert rest != 0 and D not in rest.free_symbols  # lse (and delta): a number per row
+    assert sympy.Poly(cost.M, N).degree() == 1
+
+
+def test_rmsnorm_moves_x_in_and_z_out_and_naive_also_its_row_scale():
+    """The series' 4nd is forward and backward (x, dz in; z, dx out); the forward's share
+    is x in and z out, plus the weights (which the series leaves out)."""
+    dnf, naive = (model.predict("rmsnorm_fwd", v) for v in ("dnf", "naive"))
+    n, d, batch = sym("n"), sym("d"), sym("batch")
+    assert sympy.expand(dnf.M_min - 8 * (2 * batch * n * d + d)) == 0
+    assert sympy.expand(naive.scratch_bytes - 8 * batch * n) == 0
+    assert sympy.expand(naive.M_min - dnf.M_min - naive.scratch_bytes) == 0
+
+
+def test_atomics_fused_is_twice_the_separate_backward_and_owner_has_none():
+    fused = model.predict("attention_fwdbwd", "atomic").atomics
+    separate = model.predict("attention_bwd", "atomic").atomics
+    assert set(fused) == {"dK", "dV"} and set(separate) == {"dK"}
+    assert sympy.simplify(sum(fused.values()) / sum(separate.values())) == 2
+    assert model.predict("attention_fwdbwd", "owner").atomics == {}
+
+
+@pytest.mark.parametrize("variant", KERNELS["attention_decode"].variants)
+def test_decode_reads_the_valid_rows_of_each_kv_head_once(variant):
+    traffic = model.predict("attention_decode", variant).traffic
+    for cache in ("K", "V"):
+        assert sympy.expand(traffic[cache].read - B * sym("kv_heads") * N * D) == 0
+
+
+@pytest.mark.parametrize("kernel,variant", VARIANTS)
+def test_traffic_is_never_below_the_minimum(kernel, variant):
+    cost = model.predict(kernel, variant)
+    env = cost.sizes_from(dict(tiny_sizes(kernel, variant)))
+    for array, least in cost.minimum.items():
+        moved = cost.traffic[array]
+        assert model.value(moved.read, env) >= model.value(least.read, env)
+        assert model.value(moved.written, env) >= model.value(least.written, env)
+
+
+# ---- the command ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_cost_prints_f_m_scratch_and_atomics_of_every_variant(capsys, kernel):
+    code, out, _ = run(capsys, "cost", kernel)
+    assert code == 0
+    blocks = out.split("\n\n")
+    for variant in KERNELS[kernel].variants:
+        block = next(b for b in blocks if f"{kernel}, variant {variant} " in b)
+        labels = {line.split()[0] for line in block.splitlines()[1:] if line.startswith("  ") and line.split()}
+        assert {"F", "M", "M_min", "scratch", "atomics"} <= labels
+
+
+def test_cost_json_values_are_the_expressions_at_the_sizes(capsys):
+    code, out, _ = run(capsys, "cost", "attention_bwd", "--json", *(f"-D{k}={v}" for k, v in ATTENTION.items()))
+    assert code == 0
+    for record in json.loads(out)["costs"]:
+        sizes = {sympy.Symbol(k): v for k, v in record["sizes"].items()}
+        for key in ("F", "M", "M_min", "scratch"):
+            assert sympy.sympify(record[key]["expr"]).xreplace(sizes) == record[key]["value"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["cost", "rmsnorm_fwd", "-D", "batch=1", "-D", "n=2", "-D", "d=3", "-D", "m=4"], "no size m"),
+    (["cost", "rmsnorm_fwd", "-D", "batch=1", "-D", "n=2"], "missing: -D d="),
+    (["cost", "rmsnorm_fwd", "-D", "n"], "cannot read 'n'"),
+    (["cost", "rmsnorm_fwd", "--sweep", "n=1,x"], "cannot read 'n=1,x'"),
+    (["cost", "rmsnorm_fwd", "--variant", "online"], "no variant 'online'"),
+    (["cost", "rmsnorm_fwd", "--measure"], "--measure needs sizes"),
+    (["cost", "kv_append", "-D", "batch=1", "-D", "kv_heads=1", "-D", "cap=4", "-D", "d=3",
+      "-D", "n=4"], "the cache is full"),
+])
+def test_cost_errors(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out
+    assert err.startswith("moagen: error: ") and message in err
+
+
+# ---- measured: cachegrind -----------------------------------------------------------
+
+needs_valgrind = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
+# 4 heads of n <= 128 rows, d = 16: a head's K and V (32 KiB) fit a 64 KiB last level, the
+# arrays (>= 128 KiB together) do not
+SMALL_LL = measure.CacheConfig(ll_bytes=64 * 1024)
+SMALL = dict(batch=1, heads=4, d=16)
+
+
+def measured_and_predicted(variant, sizes):
+    cost = model.predict("attention_fwd", variant)
+    env = cost.sizes_from(sizes)
+    counts = measure.measure("attention_fwd", variant, sizes, cache=SMALL_LL)
+    fits = model.value(cost.itemsize * cost.working_set, env) <= SMALL_LL.ll_bytes
+    return counts.ll_bytes(SMALL_LL.line), model.value(cost.M, env), fits
+
+
+@needs_valgrind
+def test_cachegrind_traffic_of_row_wise_attention_is_within_2x_of_m(session_build_dir):
+    for variant in ("dnf", "online"):
+        measured, predicted, fits = measured_and_predicted(variant, dict(SMALL, n=128))
+        assert fits and predicted / 2 <= measured <= 2 * predicted, variant
+
+
+@needs_valgrind
+def test_cachegrind_traffic_of_naive_attention_grows_like_n_squared(session_build_dir):
+    (small, _, _), (large, predicted, fits) = (measured_and_predicted("naive", dict(SMALL, n=n))
+                                               for n in (64, 128))
+    assert large / small > 3  # n doubled: 4x for the n^2 part, 2x for the rest
+    assert fits and predicted / 2 <= large <= 2 * predicted
+
+
+@needs_valgrind
+def test_cachegrind_traffic_exceeds_m_where_the_working_set_does_not_fit(session_build_dir):
+    # one head of 512 rows: its K and V (128 KiB) no longer fit, and every row reads them
+    measured, predicted, fits = measured_and_predicted("dnf", dict(SMALL, heads=1, n=512))
+    assert not fits and measured > 4 * predicted
+
+
+def test_parse_reads_the_summary_line():
+    text = ("desc: I1 cache: 32768 B, 64 B, 8-way associative\ncmd: ./driver call\n"
+            "events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw\nfl=x.c\nfn=main\n1 2 0 0 0 0 0 0 0 0\n"
+            "summary: 100 1 1 40 4 3 20 2 1\n")
+    counts = measure.parse(text)
+    assert (counts.Ir, counts.Dr, counts.Dw, counts.DLmr, counts.DLmw) == (100, 40, 20, 3, 1)
+    assert counts.ll_bytes(64) == 4 * 64
+
+
+# ---- measured: SASS -----------------------------------------------------------------
+
+def _cuda_tools():
+    try:
+        sass._cuobjdump()
+    except CompilerNotFound:
+        return False
+    return shutil.which("nvcc") is not None
+
+
+@pytest.mark.skipif(not _cuda_tools(), reason="nvcc or cuobjdump not installed")
+def test_sass_atomics_sit_where_the_onf_puts_them(session_build_dir):
+    atomic = sass.inspect("attention_fwdbwd", "atomic")
+    assert {r.arch for r in atomic} == {"sm_80", "sm_90"}
+    for r in atomic:
+        if r.onf_atomics:  # the scatter nest: atomic updates of dK and dV in its SASS
+            assert set(r.onf_atomics) == {"dK", "dV"} and r.sass_atomics >= 2
+        else:
+            assert r.sass_atomics == 0
+    assert any(r.onf_atomics for r in atomic)
+    assert sum(r.sass_atomics for r in sass.inspect("attention_fwdbwd", "owner")) == 0
