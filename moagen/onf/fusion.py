@@ -7,9 +7,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, Nest, ONF, Store, Update, walk
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, perfect_chain,
+                              stmt_exprs, walk)
 from moagen.onf.names import base_name
-from moagen.onf.schedule import _perfect_chain
 
 
 def _nest(onf, label):
@@ -36,7 +36,7 @@ class Scatter:
     def __call__(self, onf: ONF) -> ONF:
         nest = _nest(onf, self.nest)
         store = next((s for s in walk(nest.body) if isinstance(s, Store)), None)
-        loops = _perfect_chain(nest.body, len(store.index) if store else 0)
+        loops = perfect_chain(nest.body, len(store.index) if store else 0)
         red = store.value if store else None
         if (loops is None or store.accumulate or not isinstance(red, S.Reduction)
                 or red.op != "+" or base_name(red.var.name) != self.over):
@@ -52,26 +52,16 @@ class Scatter:
         zero = replace(store, value=S.Num(0.0))
         update = replace(store, value=S.subs(red.body, {red.var: var}), accumulate="+",
                          atomic=True)
-        body = (update,)
-        for lp in reversed(loops[len(self.outer):]):
-            body = (replace(lp, body=body),)
-        body = (Loop(var, sympy.Integer(0), red.extent, body),)
-        for lp in reversed(loops[:len(self.outer)]):
-            body = (replace(lp, body=body),)
+        inner = enclose(loops[len(self.outer):], (update,))
+        body = enclose(loops[:len(self.outer)], (Loop(var, sympy.Integer(0), red.extent, inner),))
         nests = []
         for n in onf.nests:
             if n is nest:
-                nests += [Nest(n.target, _rebuild(loops, (zero,)), f"{n.target} = 0",
+                nests += [Nest(n.target, enclose(loops, (zero,)), f"{n.target} = 0",
                                f"{n.label}.zero"), replace(n, body=body)]
             else:
                 nests.append(n)
         return onf.with_nests(nests, str(self))
-
-
-def _rebuild(loops, body):
-    for lp in reversed(loops):
-        body = (replace(lp, body=body),)
-    return body
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ class FuseNests:
 
     def __call__(self, onf: ONF) -> ONF:
         chosen = [_nest(onf, label) for label in self.nests]
-        chains = [_perfect_chain(n.body, len(self.over)) for n in chosen]
+        chains = [perfect_chain(n.body, len(self.over)) for n in chosen]
         for n, chain in zip(chosen, chains):
             if chain is None or [lp.var.name for lp in chain] != list(self.over):
                 raise ScheduleError(f"{self}: nest {n.label} does not start with the loops "
@@ -99,8 +89,8 @@ class FuseNests:
         self._check_same_iteration(chosen, chains[0])
         order = sorted(chosen, key=onf.nests.index)
         self._check_movable(onf, order)
-        body = _fuse_siblings([s for n in order for s in _perfect_chain(n.body, len(self.over))[-1].body])
-        fused = Nest(order[0].target, _rebuild(chains[0], body),
+        body = _fuse_siblings([s for n in order for s in perfect_chain(n.body, len(self.over))[-1].body])
+        fused = Nest(order[0].target, enclose(chains[0], body),
                      "\n".join(n.origin for n in order), self.name)
         # the fused nest runs where the last of its members ran
         nests = [fused if n is order[-1] else n for n in onf.nests if n not in order[:-1]]
@@ -121,7 +111,7 @@ class FuseNests:
         own = {lp.var for lp in chain}
         for n in chosen:
             for s in walk(n.body):
-                for e in (s.value,) if isinstance(s, (Let, Update, Store)) else ():
+                for e in stmt_exprs(s):
                     for access in _accesses(e):
                         if access.array in written and not own <= _index_symbols(access.index):
                             raise ScheduleError(

@@ -7,8 +7,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import ONF, Store
-from moagen.onf.schedule import _perfect_chain
+from moagen.onf.loops import ONF, Store, enclose, perfect_chain
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class InPlace:
             raise ScheduleError(f"{self}: no nest {self.output} or no input {self.input}")
         if buffers[self.input].shape != buffers[self.output].shape:
             raise ScheduleError(f"{self}: {self.output} and {self.input} differ in shape")
-        chain = _perfect_chain(nest.body, len(buffers[self.output].shape))
+        chain = perfect_chain(nest.body, len(buffers[self.output].shape))
         store = chain[-1].body[0] if chain and len(chain[-1].body) == 1 else None
         value = store.value if isinstance(store, Store) else None
         if not (isinstance(value, S.Select) and value.other == S.Access(self.input, store.index)):
@@ -35,10 +34,9 @@ class InPlace:
         var, at = _solved(value.cond, [lp.var for lp in chain])
         if var is None:
             raise ScheduleError(f"{self}: the condition {value.cond} does not fix one index")
-        body = (Store(self.input, tuple(sympy.sympify(i).xreplace({var: at}) for i in store.index),
-                      S.subs(value.then, {var: at})),)
-        for lp in reversed([lp for lp in chain if lp.var != var]):
-            body = (replace(lp, body=body),)
+        write = Store(self.input, tuple(sympy.sympify(i).xreplace({var: at}) for i in store.index),
+                      S.subs(value.then, {var: at}))
+        body = enclose([lp for lp in chain if lp.var != var], (write,))
         nests = [replace(n, target=self.input, body=body) if n is nest else n for n in onf.nests]
         return replace(onf.with_nests(nests, str(self)),
                        outputs=tuple(b for b in onf.outputs if b.name != self.output),

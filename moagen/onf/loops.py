@@ -12,7 +12,6 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.dnf import format_scalar
-from moagen.moa.expr import idiv  # noqa: F401  (index arithmetic of the ONF)
 from moagen.moa.shape import fmt_shape
 
 
@@ -102,6 +101,22 @@ def map_stmt_exprs(s: Stmt, fn) -> Stmt:
     if isinstance(s, Loop):
         return replace(s, body=tuple(map_stmt_exprs(b, fn) for b in s.body))
     return replace(s, value=fn(s.value))
+
+
+def perfect_chain(stmts, count):
+    """The first `count` loops of a perfectly nested chain starting at stmts, or None."""
+    chain = []
+    while len(chain) < count and len(stmts) == 1 and isinstance(stmts[0], Loop):
+        chain.append(stmts[0])
+        stmts = stmts[0].body
+    return chain if len(chain) == count else None
+
+
+def enclose(loops, body):
+    """body (a tuple of statements) inside copies of the given loops, outermost first."""
+    for lp in reversed(loops):
+        body = (replace(lp, body=tuple(body)),)
+    return tuple(body)
 
 
 def walk(stmts):

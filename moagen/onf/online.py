@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, ONF, Store, Update, map_stmt_exprs, walk
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
+                              stmt_exprs, walk)
 from moagen.onf.schedule import kernel_names
 
 
@@ -76,21 +77,17 @@ def _match(stmts, pos):
             loop = stmts[jpos]
             if (isinstance(loop, Loop) and loop.start == 0 and loop.stop == m.value.extent
                     and any(m.name in S.free_names(e) for s in walk(loop.body)
-                            for e in _exprs(s))):
+                            for e in stmt_exprs(s))):
                 f = S.subs(m.value.body, {m.value.var: loop.var})
                 return pos, lpos, jpos, f
     return None
-
-
-def _exprs(s):
-    return (s.value,) if isinstance(s, (Let, Update, Store)) else ()
 
 
 def _rewrite(stmts, match, names, transform):
     mpos, lpos, jpos, f = match
     m, l, loop = stmts[mpos].name, stmts[lpos].name, stmts[jpos]
     between = [s for k, s in enumerate(stmts[mpos + 1:jpos], mpos + 1) if k != lpos]
-    if any({m, l} & S.free_names(e) for s in walk(between) for e in _exprs(s)):
+    if any({m, l} & S.free_names(e) for s in walk(between) for e in stmt_exprs(s)):
         raise ScheduleError(f"{transform}: the row max or sum is used before the fused loop")
     fresh = {}
     for role in ("score", "new_max", "rescale", "p"):
@@ -105,7 +102,7 @@ def _rewrite(stmts, match, names, transform):
         return S.map_children(e, replace_quotient)
 
     body = _propagate_copies([map_stmt_exprs(s, replace_quotient) for s in loop.body])
-    if any({m, l} & S.free_names(e) for s in walk(body) for e in _exprs(s)):
+    if any({m, l} & S.free_names(e) for s in walk(body) for e in stmt_exprs(s)):
         raise ScheduleError(f"{transform}: the loop uses the row max or sum other than in "
                             "exp(f - max) / sum")
     rescaled = []
@@ -116,8 +113,8 @@ def _rewrite(stmts, match, names, transform):
             Let(fresh["p"], S.Un("exp", S.Bin("-", score, new_max))),
             Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), p))]
     fused = replace(loop, body=tuple(head + body + [Update(m, "=", new_max)]))
-    normalize = [_around(loops, replace(store, value=S.Bin("/", S.Access(store.array, store.index),
-                                                            S.Local(l)), accumulate=None))
+    normalize = [enclose(loops, (replace(store, value=S.Bin("/", S.Access(store.array, store.index),
+                                                            S.Local(l)), accumulate=None),))[0]
                  for store, loops in rescaled]
     out = list(stmts)
     out[mpos] = Let(m, S.Num(float("-inf")))
@@ -152,8 +149,3 @@ def _rescale(s, rescale, rescaled, loops, transform):
         return replace(s, value=S.Bin("+", old, s.value), accumulate=None)
     return s
 
-
-def _around(loops, stmt):
-    for lp in reversed(loops):
-        stmt = replace(lp, body=(stmt,))
-    return stmt

@@ -11,8 +11,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names, idiv,
-                              map_stmt_exprs, walk)
+from moagen.moa.expr import idiv
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names,
+                              map_stmt_exprs, perfect_chain, stmt_exprs, walk)
 from moagen.onf.names import Names, base_name
 
 
@@ -27,13 +28,9 @@ def kernel_names(onf: ONF) -> Names:
                 used.add(s.var.name)
             if isinstance(s, (Let, Update)):
                 locals_.add(s.name)
-            for e in _exprs(s):
+            for e in stmt_exprs(s):
                 used |= {x.var.name for x in _subexprs(e) if isinstance(x, S.Reduction)}
     return Names(used | locals_, fixed, locals_)
-
-
-def _exprs(s):
-    return (s.value,) if isinstance(s, (Let, Update, Store)) else ()
 
 
 def _subexprs(e):
@@ -249,17 +246,8 @@ class Split(Transform):
         # depend on the block loop, which neither OpenMP's collapse nor CUDA can map
         for lp in walk(body):
             if isinstance(lp, Loop) and lp.parallel:
-                _check_rectangular(self, _perfect_chain((lp,), lp.parallel))
+                _check_rectangular(self, perfect_chain((lp,), lp.parallel))
         return body
-
-
-def _perfect_chain(stmts, count):
-    """The first `count` loops of a perfectly nested chain starting at stmts, or None."""
-    chain = []
-    while len(chain) < count and len(stmts) == 1 and isinstance(stmts[0], Loop):
-        chain.append(stmts[0])
-        stmts = stmts[0].body
-    return chain if len(chain) == count else None
 
 
 def _check_rectangular(transform, chain):
@@ -280,7 +268,7 @@ class Reorder(Transform):
         return f"reorder({', '.join(self.order)}{self._on()})"
 
     def nest_fn(self, nest, names):
-        chain = _perfect_chain(nest.body, len(self.order))
+        chain = perfect_chain(nest.body, len(self.order))
         have = [lp.var.name for lp in chain] if chain else []
         if sorted(have) != sorted(self.order):
             raise ScheduleError(f"{self}: the outermost perfectly nested loops of nest "
@@ -309,7 +297,7 @@ class Parallel(Transform):
         return f"parallel({', '.join(self.vars)}{self._on()})"
 
     def nest_fn(self, nest, names):
-        chain = _perfect_chain(nest.body, len(self.vars))
+        chain = perfect_chain(nest.body, len(self.vars))
         if not chain or [lp.var.name for lp in chain] != list(self.vars):
             raise ScheduleError(f"{self}: nest {nest.label} does not start with the perfectly "
                                 f"nested loops {', '.join(self.vars)}")
@@ -338,7 +326,7 @@ def _share_subexpressions(block, names):
     while True:
         seen = {}  # alpha key -> [occurrences, first statement, size, expression]
         for pos, s in enumerate(block):
-            for e in _exprs(s):
+            for e in stmt_exprs(s):
                 for sub in _shareable(e):
                     if not S.free_names(sub) & changing:
                         seen.setdefault(S.alpha_key(sub), [0, pos, _size(sub), sub])[0] += 1

@@ -20,8 +20,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Buffer, Let, Loop, Nest, ONF, Store, Update, map_stmt_exprs, walk
-from moagen.onf.schedule import _perfect_chain, kernel_names
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose,
+                              map_stmt_exprs, perfect_chain, walk)
+from moagen.onf.schedule import kernel_names
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class SplitKeys:
 
     def __call__(self, onf: ONF) -> ONF:
         nest = next((n for n in onf.nests if n.label == self.nest), None)
-        chain = _perfect_chain(nest.body, len(self.over)) if nest else None
+        chain = perfect_chain(nest.body, len(self.over)) if nest else None
         if chain is None or [lp.var.name for lp in chain] != list(self.over):
             raise ScheduleError(f"{self}: no nest {self.nest} starting with loops "
                                 f"{', '.join(self.over)}")
@@ -76,11 +77,11 @@ class SplitKeys:
         sliced = replace(loop, start=first, stop=sympy.Min(loop.stop, first + chunk))
         keep = [Store(part[x], heads + (s,), S.Local(x)) for x in (m, l)]
         partial_body = [stmt_to_part(st) for st in body[:jpos] + [sliced]] + keep
-        partial = Nest(nest.target, _around(chain, (Loop(s, sympy.Integer(0),
+        partial = Nest(nest.target, enclose(chain, (Loop(s, sympy.Integer(0),
                                                          sympy.Integer(self.splits),
                                                          tuple(partial_body)),)),
                        nest.origin, f"{self.nest}.partial")
-        merge = Nest(nest.target, _around(chain, tuple(self._merge(m, l, rows, part, heads, s,
+        merge = Nest(nest.target, enclose(chain, tuple(self._merge(m, l, rows, part, heads, s,
                                                                    loop) + body[jpos + 1:])),
                      nest.origin, f"{self.nest}.merge")
         nests = []
@@ -125,7 +126,7 @@ class SplitKeys:
             tail = store.index[len(heads):]
             value = S.Reduction("+", s, sympy.Integer(self.splits),
                                 S.Bin("*", S.Access(part[x], heads + (s,) + tail), weight), "acc")
-            out.append(_around(loops, (Store(x, store.index, value),))[0])
+            out.append(enclose(loops, (Store(x, store.index, value),))[0])
         return out
 
 
@@ -136,8 +137,3 @@ def _stores(stmts, loops):
         elif isinstance(st, Store):
             yield st, loops
 
-
-def _around(loops, body):
-    for lp in reversed(loops):
-        body = (replace(lp, body=body, parallel=0),)
-    return body
