@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 from moagen.errors import MoagenError
+from moagen.files import write_text
 
 STAGES = ("shape", "dnf", "onf")
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
@@ -68,27 +69,9 @@ def _parser():
     p = sub.add_parser("bench", help="benchmarks: the sweep (no BENCHMARK), memory, "
                                      "atomics, topology, c-vs-fortran")
     bench = p.add_subparsers(required=False, metavar="BENCHMARK")
-    _bench_memory_parser(bench)
     from moagen.bench.commands import add_parsers
-    add_parsers(p, bench, sub)  # the sweep's options, the experiments, `report` and `slurm`
+    add_parsers(p, bench, sub)  # the sweep's options, memory, the experiments, report, slurm
     return parser
-
-
-def _bench_memory_parser(bench):
-    from moagen.bench.memory import DEFAULT_KERNELS, DEFAULT_SIZES
-    from moagen.onf.signature import DTYPES
-
-    p = bench.add_parser("memory", help="the extra peak memory of one call of each kernel variant, "
-                                        "each in a fresh process, next to the ONF's temps")
-    p.add_argument("--kernels", nargs="+", default=DEFAULT_KERNELS, metavar="KERNEL[:VARIANT]",
-                   help="a kernel (every variant) or one variant of it; default: "
-                        + " ".join(DEFAULT_KERNELS))
-    for size, default in DEFAULT_SIZES.items():
-        p.add_argument(f"--{size}", type=int, default=default)
-    p.add_argument("--dtype", choices=DTYPES, default="float64")
-    p.add_argument("--lang", choices=("c", "fortran"), default="c")  # host memory only
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write the records as JSON")
-    p.set_defaults(run=cmd_bench_memory)
 
 
 def cmd_list(args):
@@ -125,7 +108,7 @@ def cmd_emit(args):
 
     source = emit(args.kernel, args.variant, args.lang, (args.dtype,) if args.dtype else DTYPES)
     if args.output:
-        _write(args.output, source)
+        write_text(args.output, source)
     else:
         print(source, end="")
 
@@ -156,17 +139,8 @@ def cmd_generate(args):
         print(f"{len(expected)} generated sources are up to date")
         return 0
     for name, text in expected.items():
-        _write(args.out / name, text)
+        write_text(args.out / name, text)
     print(f"wrote {len(expected)} sources to {args.out}")
-
-
-def _write(path: Path, text: str):
-    from moagen.errors import MoagenError
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as error:
-        raise MoagenError(f"cannot write {path}: {error.strerror}") from error
 
 
 def cmd_build(args):
@@ -204,33 +178,6 @@ def cmd_verify(args):
             raise DeviceUnavailable(row.status[len("skip: "):])
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
-
-
-def cmd_bench_memory(args):
-    import time
-
-    from moagen.bench import memory
-    from moagen.kernels import get_kernel
-
-    given = {size: getattr(args, size) for size in memory.DEFAULT_SIZES}
-    cases = []  # every name checked before the first (long) run
-    for item in args.kernels:
-        name, _, variant = item.partition(":")
-        kernel = get_kernel(name)
-        sizes = memory.sizes_for(name, given)
-        variants = [kernel.variant(variant).name] if variant else list(kernel.variants)
-        cases += [(name, v, sizes) for v in variants]
-    start = time.perf_counter()
-    records = []
-    for name, variant, sizes in cases:
-        print(f"measuring {name} {variant} ...", file=sys.stderr, flush=True)
-        records.append(memory.measure(name, variant, sizes, args.dtype, args.lang))
-    print(f"extra peak memory of one call, each in a fresh process: "
-          f"{' '.join(f'{k}={v}' for k, v in given.items())}, {args.dtype}, {args.lang}")
-    print(memory.format_table(records))
-    print(f"total {time.perf_counter() - start:.0f} s (loading, building and calls)")
-    if args.json:
-        _write(args.json, memory.to_json(records))
 
 
 if __name__ == "__main__":

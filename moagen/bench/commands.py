@@ -20,6 +20,19 @@ def add_parsers(bench, benchmarks, top):
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
     bench.set_defaults(run=_run("moagen.bench.suite"))
 
+    p = benchmarks.add_parser("memory", help="the extra peak memory of one call of each kernel "
+                                             "variant, each in a fresh process, next to the ONF's temps")
+    from moagen.bench.memory import DEFAULT_KERNELS, DEFAULT_SIZES
+    p.add_argument("--kernels", nargs="+", default=DEFAULT_KERNELS, metavar="KERNEL[:VARIANT]",
+                   help="a kernel (every variant) or one variant of it; default: "
+                        + " ".join(DEFAULT_KERNELS))
+    for size, default in DEFAULT_SIZES.items():
+        p.add_argument(f"--{size}", type=int, default=default)
+    p.add_argument("--dtype", choices=DTYPES, default="float64")
+    p.add_argument("--lang", choices=("c", "fortran"), default="c")  # host memory only
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write the records as JSON")
+    p.set_defaults(run=_run("moagen.bench.memory"))
+
     p = benchmarks.add_parser("atomics", help="paper V, result 1: fused atomic vs owner vs "
                                               "separate forward and backward")
     p.add_argument("--n", type=int, nargs="+", default=[256, 1024])

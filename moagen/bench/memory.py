@@ -151,5 +151,32 @@ def to_json(records) -> str:
     return json.dumps([dict(asdict(r), extra_bytes=r.extra_bytes) for r in records], indent=2)
 
 
+def main(args):
+    """`moagen bench memory`: every name checked before the first (long) run."""
+    from moagen.files import write_text
+    from moagen.kernels import get_kernel
+
+    given = {size: getattr(args, size) for size in DEFAULT_SIZES}
+    cases = []
+    for item in args.kernels:
+        name, _, variant = item.partition(":")
+        kernel = get_kernel(name)
+        sizes = sizes_for(name, given)
+        variants = [kernel.variant(variant).name] if variant else list(kernel.variants)
+        cases += [(name, v, sizes) for v in variants]
+    start = time.perf_counter()
+    records = []
+    for name, variant, sizes in cases:
+        print(f"measuring {name} {variant} ...", file=sys.stderr, flush=True)
+        records.append(measure(name, variant, sizes, args.dtype, args.lang))
+    print(f"extra peak memory of one call, each in a fresh process: "
+          f"{' '.join(f'{k}={v}' for k, v in given.items())}, {args.dtype}, {args.lang}")
+    print(format_table(records))
+    print(f"total {time.perf_counter() - start:.0f} s (loading, building and calls)")
+    if args.json:
+        write_text(args.json, to_json(records))
+
+
 if __name__ == "__main__":
     print(json.dumps(_measure_here(**json.loads(sys.argv[1]))))
+

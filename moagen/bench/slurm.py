@@ -12,10 +12,10 @@ def script(cores, numa_nodes=1, time="01:00:00", partition=None) -> str:
 
 
 def main(args):
-    from moagen.cli import _write
+    from moagen.files import write_text
     text = script(args.cores, args.numa_nodes, args.time, args.partition)
     if args.output:
-        _write(args.output, text)
+        write_text(args.output, text)
         args.output.chmod(0o755)
     else:
         print(text, end="")
