@@ -139,6 +139,13 @@ def normwise_error(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref))) / max(float(np.max(np.abs(ref))), 1.0)
 
 
+def call_scalars(kernel, sizes) -> dict:
+    """A call's keyword arguments: the scalars, and the sizes no input shape determines (a
+    KV cache's valid rows)."""
+    given = {g: sizes[g] for g in get_kernel(kernel).spec.given}
+    return dict(CHECKS[kernel].scalars(sizes), **given)
+
+
 def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     """Run one kernel variant on one set of sizes and compare with every reference."""
     label = " ".join(f"{k}={v}" for k, v in sizes.items())
@@ -148,8 +155,7 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:
         return Row(kernel, variant, lang, dtype, label, {}, f"skip: {why}")
-    # sizes no input shape determines (a KV cache's valid rows) are arguments too
-    scalars = dict(check.scalars(sizes), **{g: sizes[g] for g in get_kernel(kernel).spec.given})
+    scalars = call_scalars(kernel, sizes)
     inputs = make_inputs(sig, sizes, scalars, check, np.random.default_rng(seed))
     outputs = fn(*inputs, **scalars)
     outputs = () if outputs is None else outputs if isinstance(outputs, tuple) else (outputs,)

@@ -45,9 +45,8 @@ def check_impl(lang: str):
 
 def scalars(kernel: str, sizes: dict) -> dict:
     """The call's scalars, and the sizes no input shape determines (a cache's valid rows)."""
-    from moagen.kernels import get_kernel
-    from moagen.verify import CHECKS
-    return dict(CHECKS[kernel].scalars(sizes), **{g: sizes[g] for g in get_kernel(kernel).spec.given})
+    from moagen.verify import call_scalars
+    return call_scalars(kernel, sizes)
 
 
 def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):

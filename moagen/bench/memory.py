@@ -60,15 +60,10 @@ def sizes_for(kernel: str, given: dict) -> dict:
 
 
 def predicted_temp_bytes(kernel: str, variant: str, sizes: dict, dtype: str) -> int:
-    import numpy as np
-    import sympy
-
-    from moagen.codegen.emit import onf_of
-
-    onf = onf_of(kernel, variant)
-    env = {s: sizes[s.name] for s in onf.sizes}
-    elements = sum(int(sympy.Mul(*t.shape).subs(env)) for t in onf.temps)
-    return elements * np.dtype(dtype).itemsize
+    """The cost model's scratch: the ONF's temporaries at these sizes."""
+    from moagen.cost import predict, value
+    cost = predict(kernel, variant, dtype)
+    return value(cost.scratch_bytes, cost.sizes_from(sizes))
 
 
 def measure(kernel: str, variant: str, sizes: dict, dtype="float64", lang="c") -> Record:
