@@ -165,5 +165,12 @@ def alpha_key(e: ScalarExpr):
     return canon(e)
 
 
+def subexpressions(e: ScalarExpr):
+    """e and every node below it, parents first."""
+    yield e
+    for c in children(e):
+        yield from subexpressions(c)
+
+
 def contains(e: ScalarExpr, kind) -> bool:
-    return isinstance(e, kind) or any(contains(c, kind) for c in children(e))
+    return any(isinstance(x, kind) for x in subexpressions(e))

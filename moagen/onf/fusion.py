@@ -112,7 +112,7 @@ class FuseNests:
         for n in chosen:
             for s in walk(n.body):
                 for e in stmt_exprs(s):
-                    for access in _accesses(e):
+                    for access in (x for x in S.subexpressions(e) if isinstance(x, S.Access)):
                         if access.array in written and not own <= _index_symbols(access.index):
                             raise ScheduleError(
                                 f"{self}: nest {n.label} reads {access.array} at another "
@@ -122,13 +122,6 @@ class FuseNests:
 
 def _as_block(nest):
     return Loop(sympy.Symbol("_nest"), sympy.Integer(0), sympy.Integer(1), nest.body)
-
-
-def _accesses(e):
-    if isinstance(e, S.Access):
-        yield e
-    for c in S.children(e):
-        yield from _accesses(c)
 
 
 def _index_symbols(index):

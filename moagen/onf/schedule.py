@@ -29,14 +29,8 @@ def kernel_names(onf: ONF) -> Names:
             if isinstance(s, (Let, Update)):
                 locals_.add(s.name)
             for e in stmt_exprs(s):
-                used |= {x.var.name for x in _subexprs(e) if isinstance(x, S.Reduction)}
+                used |= {x.var.name for x in S.subexpressions(e) if isinstance(x, S.Reduction)}
     return Names(used | locals_, fixed, locals_)
-
-
-def _subexprs(e):
-    yield e
-    for c in S.children(e):
-        yield from _subexprs(c)
 
 
 class NotApplicable(ScheduleError):
