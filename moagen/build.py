@@ -49,7 +49,10 @@ class Toolchain:
 
     cc: str = field(default_factory=_env("CC", "gcc"))
     cflags: tuple = field(
-        default_factory=_env_flags("MOAGEN_CFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c99")))
+        # -std=c99 turns off fused multiply-adds, which gfortran makes by default: contract
+        # in both languages, so that they compute (and cost) the same
+        default_factory=_env_flags("MOAGEN_CFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC",
+                                                     "-std=c99", "-ffp-contract=fast")))
     cldflags: tuple = ("-shared", "-lm")
     fc: str = field(default_factory=_env("FC", "gfortran"))
     fflags: tuple = field(

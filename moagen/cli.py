@@ -81,25 +81,26 @@ def cmd_list(args):
 
 
 def cmd_show(args):
-    from moagen.kernels import get_kernel
-    from moagen.moa.dnf import format_dnf, psi_reduce
+    from moagen.kernels import CompositeKernel, get_kernel
+    from moagen.kernels.compose import format_stages
+    from moagen.moa.dnf import format_dnf
     from moagen.moa.shape import annotate, fmt_shape
     from moagen.onf.loops import format_onf
-    from moagen.onf.realize import realize
 
     kernel = get_kernel(args.kernel)
-    variant = kernel.variant(args.variant)
-    if args.stage == "shape":
+    kernel.variant(args.variant)
+    if args.stage == "onf":
+        print(format_onf(kernel.onf(args.variant, args.layout)), end="")
+    elif isinstance(kernel, CompositeKernel):
+        print(format_stages(kernel.composite, args.stage, get_kernel), end="")
+    elif args.stage == "shape":
         kernel.spec.validate()
         for out in kernel.spec.outputs:
             print(f"output {out.name}[{', '.join(out.index)}]:")
             for depth, path, what, shape in annotate(out.value, f"{kernel.name}.{out.name}"):
                 print(f"  {'  ' * depth + what:<48} {fmt_shape(shape):<28} {path}")
-    elif args.stage == "dnf":
-        print(format_dnf(psi_reduce(kernel.spec, variant.materialize)), end="")
     else:
-        dnf = psi_reduce(kernel.spec, variant.materialize)
-        print(format_onf(realize(dnf, variant.name, variant.schedule, args.layout)), end="")
+        print(format_dnf(kernel.dnf(args.variant)), end="")
 
 
 def cmd_emit(args):

@@ -1,5 +1,6 @@
-"""Independent references: numpy written from the math (not from the specs), and PyTorch's
-own operators. Both take and return float64 arrays."""
+"""Independent references for the attention family: numpy written from the math (not from
+the specs), and PyTorch's own operators. Both take and return float64 arrays. The block
+family's are in moagen.reference_block."""
 import numpy as np
 
 
@@ -42,17 +43,6 @@ def attention_fwd_torch(Q, K, V, scale, causal=False):
     q, k, v = (torch.from_numpy(a) for a in (Q, K, V))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
     return out.numpy(), torch.logsumexp(_scores_torch(q, k, scale, causal), dim=-1).numpy()
-
-
-def rmsnorm_fwd_numpy(x, weight, eps):
-    return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
-def rmsnorm_fwd_torch(x, weight, eps):
-    import torch
-    t = torch.nn.functional.rms_norm(torch.from_numpy(x), (x.shape[-1],),
-                                     torch.from_numpy(weight), eps)
-    return t.numpy()
 
 
 def attention_bwd_numpy(Q, K, V, O, dO, lse, scale, causal=False):

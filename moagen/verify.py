@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from moagen import reference, runtime
+from moagen import reference, reference_block, runtime
 from moagen.codegen.emit import onf_of
 from moagen.codegen.printer import signature
 from moagen.errors import DeviceUnavailable, UnknownNameError
@@ -58,6 +58,61 @@ def _forward_of(causal):
         O, lse = reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal)
         return dict(arrays, O=O, lse=lse)
     return consistent
+
+
+RMSNORM_EPS = 1e-5
+RMSNORM_SIZES = (dict(batch=1, n=1, d=3), dict(batch=2, n=7, d=80), dict(batch=3, n=257, d=5))
+
+
+def _rmsnorm_forward(arrays, scalars):
+    """The backward's inv_rms is the forward's, with eps = RMSNORM_EPS."""
+    x = arrays["x"]
+    return dict(arrays, inv_rms=1 / np.sqrt(np.mean(x * x, axis=-1) + RMSNORM_EPS))
+
+
+# tiles are 4 rows x 8 columns: one row, a partial row tile, widths below and past a tile
+MLP_SIZES = (dict(batch=1, n=1, dm=3, dff=5), dict(batch=2, n=7, dm=13, dff=19),
+             dict(batch=1, n=37, dm=80, dff=203))
+
+
+PROJECTION_SIZES = (dict(batch=1, n=1, dm=3, heads=1, dh=2),
+                    dict(batch=2, n=7, dm=13, heads=3, dh=5),
+                    dict(batch=1, n=37, dm=80, heads=2, dh=19))
+
+
+# one row, a partial row tile and widths below a tile; sizes that divide nothing
+BLOCK_SIZES = (dict(batch=1, n=1, dm=3, heads=1, dh=2, dff=5),
+               dict(batch=2, n=7, dm=13, heads=3, dh=5, dff=19),
+               dict(batch=1, n=37, dm=40, heads=2, dh=19, dff=101))
+BLOCK_WEIGHTS = ("Wq", "Wk", "Wv", "Wo", "Wg", "Wu", "Wd")
+
+
+def _block_scalars(sizes):
+    return {"eps": RMSNORM_EPS, "scale": 1 / math.sqrt(sizes["dh"])}
+
+
+def _block_weights(arrays, scalars):
+    """Weights scaled by 1/sqrt(fan-in), as a model is initialized, so that activations
+    stay O(1) through the block."""
+    fan_in = {"Wq": 0, "Wk": 0, "Wv": 0, "Wg": 0, "Wu": 0, "Wo": (0, 1), "Wd": 0}
+    scaled = {w: arrays[w] / math.sqrt(np.prod(np.array(arrays[w].shape)[list(np.atleast_1d(fan_in[w]))]))
+              for w in BLOCK_WEIGHTS}
+    return dict(arrays, **scaled)
+
+
+def _block_forward(arrays, scalars):
+    """The backward's kept activations, from the forward on the same x and weights."""
+    arrays = _block_weights(arrays, scalars)
+    names = ("x", "norm1") + BLOCK_WEIGHTS[:4] + ("norm2",) + BLOCK_WEIGHTS[4:]
+    kept = reference_block.block_fwd_numpy(*(arrays[a] for a in names), eps=RMSNORM_EPS,
+                                           scale=scalars["scale"])[1:]
+    kept_names = ("inv_rms1", "Q", "K", "V", "attn", "lse", "resid", "inv_rms2", "U")
+    return dict(arrays, **dict(zip(kept_names, kept)))
+
+
+def _mlp_forward(arrays, scalars):
+    """The backward's U is the forward's X Wg."""
+    return dict(arrays, U=arrays["X"] @ arrays["Wg"])
 
 
 CHECKS = {
@@ -102,9 +157,63 @@ CHECKS = {
                dict(batch=1, kv_heads=2, cap=257, d=80, n=256)),
     ),
     "rmsnorm_fwd": Check(
-        scalars=lambda s: {"eps": 1e-5},
-        references={"numpy": reference.rmsnorm_fwd_numpy, "torch": reference.rmsnorm_fwd_torch},
-        sizes=(dict(batch=1, n=1, d=3), dict(batch=2, n=7, d=80), dict(batch=3, n=257, d=5)),
+        scalars=lambda s: {"eps": RMSNORM_EPS},
+        references={"numpy": reference_block.rmsnorm_fwd_numpy,
+                    "torch": reference_block.rmsnorm_fwd_torch},
+        sizes=RMSNORM_SIZES,
+    ),
+    "rmsnorm_bwd": Check(
+        scalars=lambda s: {},
+        references={"numpy": reference_block.rmsnorm_bwd_numpy,
+                    "torch": partial(reference_block.rmsnorm_bwd_torch, eps=RMSNORM_EPS)},
+        sizes=RMSNORM_SIZES + (dict(batch=2, n=40, d=33),),  # n past the 16 parts, uneven
+        inputs=_rmsnorm_forward,
+    ),
+    "rmsnorm_apply": Check(
+        scalars=lambda s: {},
+        references={"numpy": reference_block.rmsnorm_apply_numpy,
+                    "torch": reference_block.rmsnorm_apply_torch},
+        sizes=RMSNORM_SIZES,
+        inputs=_rmsnorm_forward,
+    ),
+    **{name: Check(
+        scalars=lambda s: {},
+        references={"numpy": getattr(reference_block, f"{name}_numpy"),
+                    "torch": getattr(reference_block, f"{name}_torch")},
+        sizes=PROJECTION_SIZES,
+    ) for name in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd")},
+    "residual_add": Check(
+        scalars=lambda s: {},
+        references={"numpy": reference_block.residual_add_numpy,
+                    "torch": reference_block.residual_add_torch},
+        sizes=tuple({k: s[k] for k in ("batch", "n", "dm")} for s in PROJECTION_SIZES),
+    ),
+    "block_fwd": Check(
+        scalars=_block_scalars,
+        references={"numpy": reference_block.block_fwd_numpy,
+                    "torch": reference_block.block_fwd_torch},
+        sizes=BLOCK_SIZES,
+        inputs=_block_weights,
+    ),
+    "block_bwd": Check(
+        scalars=lambda s: {"scale": _block_scalars(s)["scale"]},
+        references={"numpy": reference_block.block_bwd_numpy,
+                    "torch": partial(reference_block.block_bwd_torch, eps=RMSNORM_EPS)},
+        sizes=BLOCK_SIZES,
+        inputs=_block_forward,
+    ),
+    "mlp_fwd": Check(
+        scalars=lambda s: {},
+        references={"numpy": reference_block.mlp_fwd_numpy,
+                    "torch": reference_block.mlp_fwd_torch},
+        sizes=MLP_SIZES,
+    ),
+    "mlp_bwd": Check(
+        scalars=lambda s: {},
+        references={"numpy": reference_block.mlp_bwd_numpy,
+                    "torch": reference_block.mlp_bwd_torch},
+        sizes=MLP_SIZES,
+        inputs=_mlp_forward,
     ),
 }
 
@@ -132,7 +241,7 @@ def make_inputs(sig, sizes, scalars, check, rng):
               for a in sig.inputs}
     if check.inputs:
         arrays = check.inputs(arrays, scalars)
-    return [arrays[a.name].astype(sig.dtype) for a in sig.inputs]
+    return [np.ascontiguousarray(arrays[a.name], dtype=sig.dtype) for a in sig.inputs]
 
 
 def normwise_error(ours, ref) -> float:
@@ -142,7 +251,7 @@ def normwise_error(ours, ref) -> float:
 def call_scalars(kernel, sizes) -> dict:
     """A call's keyword arguments: the scalars, and the sizes no input shape determines (a
     KV cache's valid rows)."""
-    given = {g: sizes[g] for g in get_kernel(kernel).spec.given}
+    given = {g: sizes[g] for g in get_kernel(kernel).given}
     return dict(CHECKS[kernel].scalars(sizes), **given)
 
 

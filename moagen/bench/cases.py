@@ -18,6 +18,8 @@ def sizes(kernel: str, n: int) -> dict:
         return dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n)
     if kernel.startswith("rmsnorm"):
         return dict(batch=1, n=n, d=1024)
+    if kernel.startswith("mlp"):
+        return dict(batch=1, n=n, dm=512, dff=1408)
     return dict(batch=1, heads=4, n=n, d=64)
 
 
@@ -25,7 +27,8 @@ def sizes(kernel: str, n: int) -> dict:
 LENGTHS = {"attention": ((128,), (256, 512, 1024)),
            "attention_decode": ((4096,), (1024, 8192, 32768)),
            "kv_append": ((4096,), (1024, 32768)),
-           "rmsnorm": ((1024,), (1024, 8192))}
+           "rmsnorm": ((1024,), (1024, 8192)),
+           "mlp": ((256,), (512, 2048))}
 
 
 def lengths(kernel: str, quick: bool):

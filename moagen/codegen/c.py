@@ -5,7 +5,7 @@ from sympy.printing.c import C99CodePrinter
 
 from moagen.codegen.printer import Printer, render
 from moagen.errors import ScheduleError
-from moagen.onf.loops import Loop
+from moagen.onf.loops import Loop, walk
 
 C_TYPE = {"float64": "double", "float32": "float"}
 
@@ -50,7 +50,12 @@ class CPrinter(Printer):
         for nest in self.onf.nests:
             body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
             body += self.block(nest.body, 1)
-        return {"name": self.sig.name, "params": self.params(), "body": body}
+        # gcc 12 has no per-loop `novector`: a function with a register tile opts out of
+        # loop vectorization (its other loops are edges and elementwise passes)
+        tiled = any(isinstance(s, Loop) and s.vector_tile
+                    for n in self.onf.nests for s in walk(n.body))
+        return {"name": self.sig.name, "params": self.params(), "body": body,
+                "attribute": '__attribute__((optimize("no-tree-loop-vectorize")))' if tiled else ""}
 
     def comment(self, lines):
         return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]

@@ -6,9 +6,7 @@ from moagen.codegen.cuda import emit_cuda
 from moagen.codegen.fortran import emit_fortran
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
-from moagen.moa.dnf import psi_reduce
 from moagen.onf.loops import ONF
-from moagen.onf.realize import realize
 from moagen.onf.signature import DTYPES
 
 LANGS = ("c", "fortran", "cuda")
@@ -17,9 +15,7 @@ EXTENSIONS = {"c": "c", "fortran": "f90", "cuda": "cu"}
 
 @lru_cache(maxsize=None)
 def onf_of(kernel: str, variant: str = None, layout: str = "row") -> ONF:
-    k = get_kernel(kernel)
-    v = k.variant(variant)
-    return realize(psi_reduce(k.spec, v.materialize), v.name, v.schedule, layout)
+    return get_kernel(kernel).onf(variant, layout)
 
 
 def stem(kernel: str, variant: str) -> str:

@@ -67,8 +67,10 @@ class FortranPrinter(Printer):
     def loop(self, loop: Loop, depth):
         pad = self.indent * depth
         head = f"do {loop.var} = {self.index(loop.start)}, {self.index(loop.stop - 1)}"
+        # a register tile's body is the vector code: gfortran must not re-vectorize the loop
+        mark = [pad + "!GCC$ novector"] if loop.vector_tile else []
         if not loop.parallel:
-            return [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
+            return mark + [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
         inner = loop
         for _ in range(loop.parallel - 1):
             inner = inner.body[0]

@@ -1,6 +1,7 @@
 """What every backend shares: walking an ONF's statements and printing expressions with the
 right precedence. A backend implements the hooks (loop, parallel loop, let, update, store,
 literals, function names) and a Jinja2 template holds its file skeleton."""
+from functools import lru_cache
 from pathlib import Path
 
 import jinja2
@@ -80,7 +81,7 @@ class Printer:
 
     # ---- expressions ------------------------------------------------------------------
     def index(self, e) -> str:
-        return self.index_printer.doprint(e)
+        return _print_index(self.index_printer, sympy.sympify(e))
 
     def expr(self, e) -> str:
         if isinstance(e, S.Load):
@@ -148,3 +149,9 @@ class Printer:
 
     def loop_vars_in(self, stmts):
         return list(dict.fromkeys(s.var.name for s in walk(stmts) if isinstance(s, Loop)))
+
+
+@lru_cache(maxsize=None)
+def _print_index(printer, e) -> str:
+    """sympy's printers are slow; a register tile prints the same offsets many times."""
+    return printer.doprint(e)

@@ -16,7 +16,8 @@ variables it uses (gamma is), so the region has as many elements as those loops 
 iterations, counted by moagen.onf.count. Loops the offset does not use but whose bounds
 move the used loops' bounds (a causal row j <= i, a tile, a slice of keys) are replaced by
 their extremes: bounds grow with the outer loops. Accesses with the same region (up to
-renaming loop variables) count once; different regions of one array are taken disjoint.
+renaming loop variables) count once; different regions of one array are taken disjoint,
+except the lanes of a register tile, which are merged into the region they cover together.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -160,9 +161,12 @@ def _siblings_share(stmts):
     return False
 
 
+@lru_cache(maxsize=None)
 def region(offset, loops: Bounds):
-    """(a key equal for equal regions, the number of elements) of one access."""
+    """(a key equal for equal regions, the number of elements) of one access (cached: the
+    same access is asked about by the traffic, the minimum and the working set)."""
     offset, loops = _group_divisions(offset, loops)
+    offset, loops = _merge_tile_lanes(offset, loops)
     used = offset.free_symbols & {v for v, _, _ in loops}
     chain = tuple((v, _extreme(start, "lo", loops, used), _extreme(stop, "hi", loops, used))
                   for v, start, stop in loops if v in used)
@@ -185,6 +189,30 @@ def _group_divisions(offset, loops: Bounds):
     return offset, loops
 
 
+def _merge_tile_lanes(offset, loops: Bounds):
+    """A register tile's lane u of T, T*t + u with t over [0, S/T), -> one variable over
+    [0, S): the T lanes of a tile together cover what the untiled loop did, so they are one
+    region, not T disjoint ones (a register tile writes every lane)."""
+    for v, start, stop in loops:
+        tiles, count = sympy.fraction(sympy.together(stop))
+        if start != 0 or not count.is_Integer or count < 2:
+            continue
+        step = sympy.expand(sympy.diff(offset, v))
+        if step == 0 or step.free_symbols & {w for w, _, _ in loops}:
+            continue
+        stride = step / count
+        rest = sympy.expand(offset - step * v)
+        lane = sum((t for t in sympy.Add.make_args(rest) if (t / stride).is_Integer),
+                   sympy.Integer(0))
+        if not (lane / stride).is_Integer or not 0 <= lane / stride < count:
+            continue
+        merged = sympy.Dummy(f"{v}_lanes", integer=True)
+        offset = rest - lane + stride * merged
+        loops = tuple((w, s, e) if w != v else (merged, sympy.Integer(0), tiles)
+                      for w, s, e in loops)
+    return offset, loops
+
+
 def _extreme(bound, side, loops: Bounds, used):
     """bound with the unused loops' variables at their extremes: the smallest start ("lo")
     or the largest stop ("hi") over them."""
@@ -200,7 +228,7 @@ def _canonical(offset, chain: Bounds):
     so that the same region reached by differently named or ordered loops has one key."""
     order = sorted(chain, key=lambda b: (str(sympy.diff(offset, b[0])), str(b[1]), str(b[2])))
     names = {v: sympy.Symbol(f"_r{k}", integer=True) for k, (v, _, _) in enumerate(order)}
-    return (offset.xreplace(names),
+    return (sympy.expand(offset.xreplace(names)),
             frozenset((names[v], s.xreplace(names), e.xreplace(names)) for v, s, e in chain))
 
 

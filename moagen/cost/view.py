@@ -3,10 +3,13 @@
 A tiled loop counts its tiles with idiv(n + T - 1, T) and ends at Min(n, tile end): exact,
 but sympy leaves sums over such bounds unevaluated. The view assumes that every size is a
 multiple of the tiles that cut it (and that kv_heads divides q_heads, which the kernel's
-validate enforces): then idiv(n + T - 1, T) = n / T, every tile is full, and each rewrite
-below is exact. The assumptions a kernel needed are returned, to be printed with its cost.
+validate enforces): then idiv(n + T - 1, T) = n / T, every tile is full, a register tile's
+clamped row min(T*t + u, n - 1) is T*t + u, the loop over the columns left after the last
+full tile is empty (and dropped), and each rewrite below is exact. The assumptions a kernel
+needed are returned, to be printed with its cost.
 """
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Tuple
 
 import sympy
@@ -40,13 +43,24 @@ def counting_view(onf: ONF) -> View:
     def stmt(s, maxima):
         if isinstance(s, Loop):
             start, stop = divide(s.start), _full_tile(divide(s.stop), maxima)
+            if sympy.simplify(stop - start) == 0:
+                return None  # the columns after the last full tile: none
             inner = {**maxima, s.var: stop - 1}
-            return replace(s, start=start, stop=stop, body=tuple(stmt(b, inner) for b in s.body))
-        s = map_stmt_exprs(s, lambda e: _map_offsets(e, divide))
-        return replace(s, index=tuple(map(divide, s.index))) if isinstance(s, Store) else s
+            return replace(s, start=start, stop=stop, body=block(s.body, inner))
+        index = lambda e: _full_tiles(divide(e), maxima)
+        s = map_stmt_exprs(s, lambda e: _map_offsets(e, index))
+        return replace(s, index=tuple(map(index, s.index))) if isinstance(s, Store) else s
 
-    nests = tuple(replace(n, body=tuple(stmt(s, {}) for s in n.body)) for n in onf.nests)
-    return View(nests, tuple(dict.fromkeys(assumed)))
+    def block(stmts, maxima):
+        return tuple(x for x in (stmt(s, maxima) for s in stmts) if x is not None)
+
+    nests = tuple(replace(n, body=block(n.body, {})) for n in onf.nests)
+    return View(tuple(n for n in nests if n.body), tuple(dict.fromkeys(assumed)))
+
+
+def _full_tiles(e, maxima):
+    """_full_tile on every min in an index expression (a register tile's clamped rows)."""
+    return e.replace(lambda x: isinstance(x, sympy.Min), lambda x: _full_tile(x, maxima))
 
 
 def _full_tile(stop, maxima):
@@ -56,9 +70,15 @@ def _full_tile(stop, maxima):
         return stop
     for arg in stop.args:
         last = arg.xreplace(maxima)
-        if all(sympy.simplify(other - last).is_nonnegative for other in stop.args if other != arg):
+        if all(_nonnegative(other - last) for other in stop.args if other != arg):
             return arg
     return stop
+
+
+@lru_cache(maxsize=None)
+def _nonnegative(e) -> bool:
+    """Whether e >= 0 for all sizes; cached: a register tile asks once per lane."""
+    return bool(sympy.simplify(e).is_nonnegative)
 
 
 def _map_offsets(e, fn):

@@ -1,11 +1,12 @@
 """The kernel registry: each kernel is a MoA spec plus named variants, a variant being what
-it materializes and its schedule."""
+it materializes and its schedule; or a composite of registered kernels (the block)."""
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
 from moagen.errors import UnknownNameError
-from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd,
-                            kv_append, rmsnorm)
+from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd, block,
+                            kv_append, mlp, projections, rmsnorm)
+from moagen.kernels.compose import Composite, compose
 from moagen.moa.spec import KernelSpec
 
 
@@ -16,8 +17,19 @@ class Variant:
     schedule: Tuple
 
 
+class _Variants:
+    def variant(self, name=None):
+        """The named variant; the first one when name is None."""
+        if name is None:
+            return next(iter(self.variants.values()))
+        if name not in self.variants:
+            raise UnknownNameError(f"kernel {self.name} has no variant {name!r}; its variants: "
+                                   f"{', '.join(self.variants)}")
+        return self.variants[name]
+
+
 @dataclass(frozen=True)
-class Kernel:
+class Kernel(_Variants):
     spec: KernelSpec
     variants: Dict[str, Variant]
     # checks of a call's sizes and scalars beyond shapes: validate(sizes, scalars) raises
@@ -28,27 +40,58 @@ class Kernel:
     def name(self):
         return self.spec.name
 
-    def variant(self, name=None) -> Variant:
-        """The named variant; the first one when name is None."""
-        if name is None:
-            return next(iter(self.variants.values()))
-        if name not in self.variants:
-            raise UnknownNameError(f"kernel {self.name} has no variant {name!r}; its variants: "
-                                   f"{', '.join(self.variants)}")
-        return self.variants[name]
+    @property
+    def given(self):
+        return self.spec.given
+
+    def dnf(self, variant=None):
+        from moagen.moa.dnf import psi_reduce
+        return psi_reduce(self.spec, self.variant(variant).materialize)
+
+    def onf(self, variant=None, layout="row"):
+        from moagen.onf.realize import realize
+        v = self.variant(variant)
+        return realize(self.dnf(variant), v.name, v.schedule, layout)
 
 
-def _kernel(spec, variants, validate=None) -> Kernel:
+@dataclass(frozen=True)
+class CompositeKernel(_Variants):
+    """One variant, `composed`: the stages as the composite lists them."""
+    composite: Composite
+    validate: Optional[Callable] = None
+    given = ()
+
+    @property
+    def name(self):
+        return self.composite.name
+
+    @property
+    def variants(self):
+        return {"composed": Variant("composed", frozenset(), ())}
+
+    def onf(self, variant=None, layout="row"):
+        from moagen.codegen.emit import onf_of
+        self.variant(variant)
+        if layout != "row":
+            raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
+        return compose(self.composite, onf_of)
+
+
+def _kernel(spec, variants, validate=None):
+    if isinstance(spec, Composite):
+        return CompositeKernel(spec, validate)
     return Kernel(spec, {name: Variant(name, materialize, schedule)
                          for name, (materialize, schedule) in variants.items()}, validate)
 
 
-# each kernel module lists its (spec, variants[, validate]) tuples
-MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, kv_append, rmsnorm)
+# each kernel module lists its (spec, variants[, validate]) tuples; a composite's variants
+# are None
+MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, kv_append, rmsnorm, mlp,
+           projections, block)
 KERNELS = {k.name: k for module in MODULES for k in (_kernel(*entry) for entry in module.KERNELS)}
 
 
-def get_kernel(name: str) -> Kernel:
+def get_kernel(name: str):
     if name not in KERNELS:
         raise UnknownNameError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}")
     return KERNELS[name]

@@ -1,32 +1,86 @@
-"""RMSNorm forward: z = weight * x / sqrt(mean(x^2) + eps) over the feature axis of every
-(batch, position) row."""
+"""RMSNorm over the feature axis of every (batch, position) row:
+
+    forward   r = 1 / sqrt(mean(x^2) + eps),  z = weight * x * r
+    backward  xhat = x * r,  g = dz * weight
+              dx = r * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dz * xhat
+
+The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r."""
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
-from moagen.onf.schedule import Hoist, Parallel
+from moagen.onf.fusion import FuseNests
+from moagen.onf.partials import PartialSums
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
 
 X = array("x", "batch", "n", "d")
 WEIGHT = array("weight", "d")
+INV_RMS = array("inv_rms", "batch", "n")
+DZ = array("dz", "batch", "n", "d")
+ROWS, EXTENTS = ("b", "i"), ("batch", "n")
 
 
-def _one_row(row):
+def _inv_rms(row):
     mean_sq = reduce("+", row * row, axis=0, var="c", name="sum_sq") / dim("d")
-    return WEIGHT * row * named("inv_rms", rsqrt(mean_sq + Scalar("eps")))
+    return named("inv_rms", rsqrt(mean_sq + Scalar("eps")), index=())
 
 
-SPEC = KernelSpec(
+FORWARD = KernelSpec(
     name="rmsnorm_fwd",
     inputs=(X, WEIGHT),
     scalars=("eps",),
-    outputs=(Output("z", lift(("b", "i"), ("batch", "n"), _one_row(psi(("b", "i"), X))),
-                    index=("b", "i", "c")),),
+    outputs=(Output("z", lift(ROWS, EXTENTS, WEIGHT * psi(ROWS, X) * _inv_rms(psi(ROWS, X))),
+                    index=("b", "i", "c")),
+             Output("inv_rms", lift(ROWS, EXTENTS, _inv_rms(psi(ROWS, X))), index=ROWS)),
 )
 
-ROWS = Parallel(("b", "i"))
-VARIANTS = {
-    # as a framework does it: the per-row 1/rms goes to memory, then a second pass scales
-    "naive": (frozenset({"inv_rms"}), (Hoist(), ROWS)),
-    # one pass per row: the statistic stays in a register
-    "dnf": (frozenset(), (Hoist(), ROWS)),
+
+def _backward():
+    x, r, dz = psi(ROWS, X), psi(ROWS, INV_RMS), psi(ROWS, DZ)
+    xhat = x * r
+    g = dz * WEIGHT
+    mean_gx = reduce("+", g * xhat, axis=0, var="c", name="dot") / dim("d")
+    per_row = lift(ROWS, EXTENTS, dz * xhat)  # (batch, n, d)
+    over_rows = reduce("+", reduce("+", per_row, axis=1, var="i", name="rows"), axis=0,
+                       var="b", name="batches")
+    return KernelSpec(
+        name="rmsnorm_bwd",
+        inputs=(X, WEIGHT, INV_RMS, DZ),
+        scalars=(),
+        outputs=(Output("dx", lift(ROWS, EXTENTS, r * (g - xhat * mean_gx)), ("b", "i", "c")),
+                 Output("dweight", over_rows, ("c",))),
+    )
+
+
+def positive_eps(kernel):
+    """A validate hook: 1 / sqrt(mean(x^2) + eps) needs eps > 0 (a zero row would divide by
+    zero). Sizes alone (the cost model's check) pass."""
+    def validate(sizes, scalars):
+        if "eps" in scalars and not scalars["eps"] > 0:
+            raise ValueError(f"{kernel}: eps must be positive, got {scalars['eps']}")
+    return validate
+
+
+ROW_NESTS = (Parallel(ROWS, nest="z"), Parallel(ROWS, nest="inv_rms"))
+FORWARD_VARIANTS = {
+    # as a framework does it: the statistic is a pass of its own, then a second pass scales
+    "naive": (frozenset(), (Hoist(),) + ROW_NESTS),
+    # one pass per row: the statistic is stored and used while the row is in cache
+    "dnf": (frozenset(), (FuseNests(("inv_rms", "z"), over=ROWS, name="rows"), Hoist(),
+                          Parallel(ROWS))),
+}
+PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on the threads
+BACKWARD_VARIANTS = {
+    "dnf": (frozenset(), (PartialSums("dweight", "i", PARTS), Hoist(), Parallel(ROWS, nest="dx"),
+                          Parallel(("p",), nest="dweight.partial"))),
 }
 
-KERNELS = [(SPEC, VARIANTS)]
+# the forward's scaling alone, from a kept statistic: how a backward recomputes x / r
+APPLY = KernelSpec(
+    name="rmsnorm_apply",
+    inputs=(X, WEIGHT, INV_RMS),
+    scalars=(),
+    outputs=(Output("z", lift(ROWS, EXTENTS, WEIGHT * psi(ROWS, X) * psi(ROWS, INV_RMS)),
+                    ("b", "i", "c")),),
+)
+
+KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")), (_backward(), BACKWARD_VARIANTS),
+           (APPLY, {"dnf": (frozenset(), (Parallel(ROWS),))})]

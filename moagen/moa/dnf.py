@@ -179,7 +179,7 @@ class _Reducer:
             # an intermediate that is also an output lives in that output, in every variant
             if node.label not in self.materialize and node.label not in self.outputs:
                 return self.psi(idx, node.value, env)
-            self._define_temp(node, env)
+            env = self._define_temp(node, env)
             return S.Access(node.label, tuple(v for _, _, v in env) + idx)
         raise SpecError(f"psi-reduction has no rule for {node!r}")
 
@@ -187,9 +187,13 @@ class _Reducer:
         """Scalar extension: a shape-() operand is indexed by the empty index."""
         return self.psi(idx if shape_of(node) else (), node, env)
 
-    def _define_temp(self, node: E.Named, env: Env):
+    def _define_temp(self, node: E.Named, env: Env) -> Env:
+        """Define the intermediate once, over the enclosing Lift axes its value depends on
+        (a transposed weight inside the per-batch body is not repeated per batch); returns
+        those axes."""
         if node.label in self.definitions:
-            return
+            lifted = self.definitions[node.label].index
+            return tuple(entry for entry in env if entry[0] in lifted)
         shape = shape_of(node.value)
         if len(node.index) < len(shape):
             raise SpecError(f"Named {node.label}: {len(node.index)} index names for shape "
@@ -199,9 +203,13 @@ class _Reducer:
         self.reserved |= {v.name for v in own} | {var.name for var, _, _ in env}
         identity_env = tuple((var, ext, var) for var, ext, _ in env)
         body = self.psi(own, node.value, identity_env)
+        used = S.free_names(body) - {v.name for v in own}  # its own index shadows a Lift's
+        if node.label not in self.outputs:  # an output keeps the axes its spec gives it
+            env = tuple(entry for entry in env if entry[0].name in used)
         self.define(Definition(node.label, tuple(var for var, _, _ in env) + own,
                                tuple(ext for _, ext, _ in env) + shape, body,
                                temp=node.label not in self.outputs))
+        return env
 
 
 def _put(idx, ax, value):

@@ -21,9 +21,11 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
         head = f"{d.target}[{', '.join(map(str, d.index))}] = "
         nests.append(Nest(d.target, body, head + format_scalar(d.body, indent=len(head))))
     buffers = lambda defs: tuple(Buffer(d.target, d.shape) for d in defs)
+    order = [o.name for o in spec.outputs]  # the order a call returns them in
     return ONF(spec.name, variant,
                inputs=tuple(Buffer(a.name, a.shape) for a in spec.inputs),
-               outputs=buffers(d for d in dnf.definitions if not d.temp),
+               outputs=buffers(sorted((d for d in dnf.definitions if not d.temp),
+                                      key=lambda d: order.index(d.target))),
                temps=buffers(dnf.temps), sizes=spec.sizes, scalars=spec.scalars,
                nests=tuple(nests), layout=layout)
 

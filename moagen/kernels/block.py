@@ -1,0 +1,93 @@
+"""The transformer block, composed from the kernels above (moagen.kernels.compose): no
+block code is written by hand.
+
+    forward   xn1 = rmsnorm(x)            Q, K, V = xn1 Wq, xn1 Wk, xn1 Wv (per head)
+              attn, lse = attention(Q, K, V)
+              resid = x + attn Wo         xn2 = rmsnorm(resid)
+              y = resid + mlp(xn2)
+    backward  the chain rule through the same stages in reverse; xn1 and xn2 are
+              recomputed from x, resid and the kept per-row statistics, the MLP's V and H
+              from xn2 and U.
+
+What the forward returns besides y is derived: the intermediates the backward reads.
+"""
+from moagen.kernels.compose import Composite, Stage
+from moagen.kernels.rmsnorm import positive_eps
+from moagen.moa.expr import array
+
+X = array("x", "batch", "n", "dm")
+NORM1, NORM2 = array("norm1", "dm"), array("norm2", "dm")
+WQ, WK, WV = (array(w, "dm", "heads", "dh") for w in ("Wq", "Wk", "Wv"))
+WO = array("Wo", "heads", "dh", "dm")
+WG, WU = array("Wg", "dm", "dff"), array("Wu", "dm", "dff")
+WD = array("Wd", "dff", "dm")
+WEIGHTS = (NORM1, WQ, WK, WV, WO, NORM2, WG, WU, WD)
+HEADS = ("batch", "heads", "n", "dh")
+# what the backward is given from the forward pass
+KEPT = (array("inv_rms1", "batch", "n"), array("Q", *HEADS), array("K", *HEADS),
+        array("V", *HEADS), array("attn", *HEADS), array("lse", "batch", "heads", "n"),
+        array("resid", "batch", "n", "dm"), array("inv_rms2", "batch", "n"),
+        array("U", "batch", "n", "dff"))
+ON_MODEL = {"d": "dm"}  # RMSNorm's feature axis is the model axis
+ON_HEAD = {"d": "dh"}  # attention's feature axis is a head's
+
+
+def _same(*names):
+    return {name: name for name in names}
+
+
+BACKWARD = Composite(
+    name="block_bwd",
+    inputs=(X,) + WEIGHTS + KEPT + (array("dy", "batch", "n", "dm"),),
+    scalars=("scale",),
+    stages=(
+        Stage("norm2_apply", "rmsnorm_apply", "dnf",
+              {"x": "resid", "weight": "norm2", "inv_rms": "inv_rms2", "z": "xn2"}, ON_MODEL),
+        Stage("mlp", "mlp_bwd", "tiled",
+              {"X": "xn2", "U": "U", "dF": "dy", "dX": "dxn2", **_same("Wg", "Wu", "Wd", "dWg",
+                                                                      "dWu", "dWd")}),
+        Stage("norm2", "rmsnorm_bwd", "dnf",
+              {"x": "resid", "weight": "norm2", "inv_rms": "inv_rms2", "dz": "dxn2",
+               "dx": "dresid_norm", "dweight": "dnorm2"}, ON_MODEL),
+        Stage("add2", "residual_add", "dnf", {"x": "dy", "R": "dresid_norm", "y": "dresid"}),
+        Stage("out", "out_proj_bwd", "tiled",
+              {"O": "attn", "Wo": "Wo", "dY": "dresid", "dO": "dattn", "dWo": "dWo"}),
+        Stage("attn", "attention_bwd", "dnf",
+              {"O": "attn", "dO": "dattn", **_same("Q", "K", "V", "lse", "dQ", "dK", "dV")},
+              ON_HEAD),
+        Stage("norm1_apply", "rmsnorm_apply", "dnf",
+              {"x": "x", "weight": "norm1", "inv_rms": "inv_rms1", "z": "xn1"}, ON_MODEL),
+        Stage("qkv", "qkv_proj_bwd", "tiled",
+              {"X": "xn1", "dX": "dxn1", **_same("Wq", "Wk", "Wv", "dQ", "dK", "dV", "dWq",
+                                                 "dWk", "dWv")}),
+        Stage("norm1", "rmsnorm_bwd", "dnf",
+              {"x": "x", "weight": "norm1", "inv_rms": "inv_rms1", "dz": "dxn1",
+               "dx": "dx_norm", "dweight": "dnorm1"}, ON_MODEL),
+        Stage("add1", "residual_add", "dnf", {"x": "dresid", "R": "dx_norm", "y": "dx"}),
+    ),
+    outputs=("dx", "dnorm1", "dWq", "dWk", "dWv", "dWo", "dnorm2", "dWg", "dWu", "dWd"),
+)
+
+FORWARD = Composite(
+    name="block_fwd",
+    inputs=(X,) + WEIGHTS,
+    scalars=("eps", "scale"),
+    stages=(
+        Stage("norm1", "rmsnorm_fwd", "dnf",
+              {"x": "x", "weight": "norm1", "z": "xn1", "inv_rms": "inv_rms1"}, ON_MODEL),
+        Stage("qkv", "qkv_proj", "tiled", {"X": "xn1", **_same("Wq", "Wk", "Wv", "Q", "K", "V")}),
+        Stage("attn", "attention_fwd", "online",
+              {"O": "attn", **_same("Q", "K", "V", "lse")}, ON_HEAD),
+        Stage("out", "out_proj", "tiled", {"O": "attn", "Wo": "Wo", "R": "x", "Y": "resid"}),
+        Stage("norm2", "rmsnorm_fwd", "dnf",
+              {"x": "resid", "weight": "norm2", "z": "xn2", "inv_rms": "inv_rms2"}, ON_MODEL),
+        Stage("mlp", "mlp_fwd", "tiled",
+              {"X": "xn2", "F": "mlp_out", **_same("Wg", "Wu", "Wd", "U")}),
+        Stage("add", "residual_add", "dnf", {"x": "resid", "R": "mlp_out", "y": "y"}),
+    ),
+    outputs=("y",),
+    keep_for=BACKWARD,
+)
+
+
+KERNELS = [(FORWARD, None, positive_eps("block_fwd")), (BACKWARD, None)]

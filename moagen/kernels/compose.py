@@ -1,0 +1,175 @@
+"""Composite kernels: a sequence of registered kernels (stages) emitted as one kernel.
+
+A stage names a kernel and variant and binds each of its arrays to an array of the
+composite (an input, or what an earlier stage wrote); its sizes map to the composite's.
+The generator takes each stage's ONF, renames its arrays and sizes, checks that every
+bound array has the same shape on both sides, and runs the nests one after the other.
+Arrays the stages write that the caller does not get are scratch (allocated by the Python
+caller like any kernel's temporaries); a stage's own temporaries become `<stage>_<name>`.
+
+A forward composite names its backward (`keep_for`): what the backward reads of the
+forward's intermediates is returned to the caller as well. That list is the block's
+retention, derived here, not written down.
+"""
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional, Tuple
+
+import sympy
+
+from moagen.errors import SpecError
+from moagen.moa import expr as E
+from moagen.moa import scalar as S
+from moagen.moa.shape import fmt_shape, same_shape
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update
+
+
+@dataclass(frozen=True)
+class Stage:
+    label: str  # names the stage's nests and temporaries
+    kernel: str
+    variant: str
+    arrays: Dict[str, str]  # the stage kernel's array -> the composite's
+    sizes: Dict[str, str] = field(default_factory=dict)  # the stage's size -> the composite's
+
+
+@dataclass(frozen=True)
+class Composite:
+    name: str
+    inputs: Tuple[E.Array, ...]
+    scalars: Tuple[str, ...]
+    stages: Tuple[Stage, ...]
+    outputs: Tuple[str, ...]  # what the caller gets (before the kept activations)
+    keep_for: Optional["Composite"] = None  # the backward whose inputs decide what is kept
+
+    def produced(self) -> Tuple[str, ...]:
+        """Every composite array a stage writes, in order."""
+        out = []
+        for st in self.stages:
+            out += [dst for src, dst in st.arrays.items() if dst not in out
+                    and dst not in {a.name for a in self.inputs}]
+        return tuple(out)
+
+    def kept(self) -> Tuple[str, ...]:
+        """The intermediates the backward reads: returned to the caller for it."""
+        if self.keep_for is None:
+            return ()
+        wanted = {a.name for a in self.keep_for.inputs}
+        return tuple(a for a in self.produced() if a in wanted and a not in self.outputs)
+
+    @property
+    def sizes(self) -> Tuple[sympy.Symbol, ...]:
+        seen = []
+        for a in self.inputs:
+            for d in a.shape:
+                seen += [s for s in sorted(d.free_symbols, key=lambda s: s.name) if s not in seen]
+        return tuple(seen)
+
+
+def compose(composite: Composite, stage_onf) -> ONF:
+    """The composite's ONF; stage_onf(kernel, variant) gives a stage kernel's ONF."""
+    shapes = {a.name: a.shape for a in composite.inputs}
+    known_sizes = set(composite.sizes)
+    nests, temps, schedule = [], [], []
+    for st in composite.stages:
+        onf = stage_onf(st.kernel, st.variant)
+        where = f"{composite.name}, stage {st.label} ({st.kernel})"
+        sizes = {s: E.as_dim(st.sizes.get(s.name, s.name)) for s in onf.sizes}
+        for s, value in sizes.items():
+            if value.free_symbols - known_sizes:
+                raise SpecError(f"{where}: size {s} maps to {value}, which no input determines")
+        if set(onf.scalars) - set(composite.scalars):
+            raise SpecError(f"{where}: scalars {sorted(set(onf.scalars) - set(composite.scalars))} "
+                            f"are not scalars of {composite.name}")
+        names = {}
+        for buf in onf.inputs + onf.outputs:
+            if buf.name not in st.arrays:
+                raise SpecError(f"{where}: array {buf.name} is not bound")
+            names[buf.name] = st.arrays[buf.name]
+        unknown = set(st.arrays) - set(names)
+        if unknown:
+            raise SpecError(f"{where}: binds {sorted(unknown)}, which the kernel does not have")
+        for buf in onf.temps:
+            names[buf.name] = f"{st.label}_{buf.name}"
+        for buf in onf.inputs + onf.outputs + onf.temps:
+            shape = tuple(sympy.sympify(d).xreplace(sizes) for d in buf.shape)
+            target = names[buf.name]
+            if buf in onf.inputs and target not in shapes:
+                raise SpecError(f"{where}: reads {target}, which is neither an input nor written "
+                                f"by an earlier stage")
+            if buf in onf.outputs and target in {a.name for a in composite.inputs}:
+                raise SpecError(f"{where}: writes {target}, an input of {composite.name}")
+            if target in shapes and not same_shape(shapes[target], shape):
+                raise SpecError(f"{where}: {buf.name} has shape {fmt_shape(shape)} but "
+                                f"{target} has shape {fmt_shape(shapes[target])}")
+            shapes[target] = shape
+            if buf in onf.temps:
+                temps.append(Buffer(target, shape))
+        rename = _Renamer(names, sizes)
+        nests += [Nest(names.get(n.target, n.target),
+                       tuple(rename.stmt(s) for s in n.body),
+                       f"stage {st.label}: {st.kernel} {st.variant}\n{n.origin}",
+                       f"{st.label}.{n.label}") for n in onf.nests]
+        schedule.append(f"{st.label} = {st.kernel} {st.variant}")
+    returned = composite.outputs + composite.kept()
+    missing = [a for a in returned if a not in shapes]
+    if missing:
+        raise SpecError(f"{composite.name}: no stage writes {', '.join(missing)}")
+    scratch = [a for a in composite.produced() if a not in returned]
+    return ONF(composite.name, "composed",
+               inputs=tuple(Buffer(a.name, a.shape) for a in composite.inputs),
+               outputs=tuple(Buffer(a, shapes[a]) for a in returned),
+               temps=tuple(Buffer(a, shapes[a]) for a in scratch) + tuple(temps),
+               sizes=composite.sizes, scalars=composite.scalars, nests=tuple(nests),
+               schedule=tuple(schedule), flat=True)
+
+
+def format_stages(composite: Composite, stage: str, get_kernel) -> str:
+    """The `shape` and `dnf` dumps of a composite: its stages, their bindings, and (dnf)
+    each stage's own DNF."""
+    from moagen.moa.dnf import format_dnf
+    lines = [f"composite {composite.name}: {len(composite.stages)} stages",
+             f"  returns: {', '.join(composite.outputs)}",
+             f"  kept for the backward: {', '.join(composite.kept()) or '(none)'}"]
+    for st in composite.stages:
+        binds = ", ".join(f"{src} -> {dst}" for src, dst in st.arrays.items())
+        sizes = ", ".join(f"{src} -> {dst}" for src, dst in st.sizes.items())
+        lines += ["", f"stage {st.label}: {st.kernel} {st.variant}", f"  arrays: {binds}"]
+        lines += [f"  sizes: {sizes}"] if sizes else []
+        if stage == "dnf":
+            kernel = get_kernel(st.kernel)
+            lines += ["  " + line for line in format_dnf(kernel.dnf(st.variant)).splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+class _Renamer:
+    """A stage's statements in the composite's names: arrays renamed, sizes substituted."""
+
+    def __init__(self, arrays, sizes):
+        self.arrays, self.sizes = arrays, sizes
+
+    def index(self, e):
+        return sympy.sympify(e).xreplace(self.sizes)
+
+    def stmt(self, s):
+        if isinstance(s, Loop):
+            return replace(s, start=self.index(s.start), stop=self.index(s.stop),
+                           body=tuple(self.stmt(b) for b in s.body))
+        if isinstance(s, Store):
+            return replace(s, array=self.arrays[s.array],
+                           index=tuple(self.index(i) for i in s.index), value=self.expr(s.value))
+        if isinstance(s, (Let, Update)):
+            return replace(s, value=self.expr(s.value))
+        raise SpecError(f"cannot rename statement {s!r}")
+
+    def expr(self, e):
+        if isinstance(e, S.Access):
+            return replace(e, array=self.arrays[e.array], index=tuple(map(self.index, e.index)))
+        if isinstance(e, S.Load):
+            return replace(e, array=self.arrays[e.array], offset=self.index(e.offset))
+        if isinstance(e, S.Dim):
+            return replace(e, value=self.index(e.value))
+        if isinstance(e, S.Select):
+            e = replace(e, cond=self.index(e.cond))
+        if isinstance(e, S.Reduction):
+            e = replace(e, extent=self.index(e.extent))
+        return S.map_children(e, self.expr)

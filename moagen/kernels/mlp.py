@@ -1,0 +1,136 @@
+"""The gated (SwiGLU) MLP of a transformer block, per (batch, position) row:
+
+    U = X Wg,  V = X Wu,  H = silu(U) * V,  F = H Wd
+
+The forward keeps only U for the backward, which recomputes V and H from X and U:
+
+    dH = dF Wd^T,  dV = dH * silu(U),  dU = dH * V * silu'(U)
+    dWd = H^T dF,  dWg = X^T dU,  dWu = X^T dV,  dX = dU Wg^T + dV Wu^T
+
+with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). Every inner product is register
+tiled in the `tiled` variants; the weight gradients are sums over all rows computed by
+whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
+runs over the rows in one fixed order.
+"""
+from moagen.moa.expr import array, exp, inner, lift, named, psi, reduce, silu, transpose
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.schedule import Hoist, Parallel
+from moagen.onf.tiling import RegisterTile
+
+X = array("X", "batch", "n", "dm")
+WG = array("Wg", "dm", "dff")
+WU = array("Wu", "dm", "dff")
+WD = array("Wd", "dff", "dm")
+U = array("U", "batch", "n", "dff")
+DF = array("dF", "batch", "n", "dm")
+B = ("b",)
+ROW_E, ROW_C = ("i", "e"), ("i", "c")  # e: the hidden (d_ff) axis, c: the model axis
+
+
+def sigmoid(u):
+    return 1.0 / (1.0 + exp(-u))
+
+
+def forward_parts(x):
+    """U and H of one batch entry's rows."""
+    u = named("U", inner(x, WG, var="c", name="xg"), index=ROW_E)
+    h = named("H", silu(u) * inner(x, WU, var="c", name="xu"), index=ROW_E)
+    return u, h
+
+
+def forward_spec() -> KernelSpec:
+    u, h = forward_parts(psi(B, X))
+    return KernelSpec(
+        name="mlp_fwd",
+        inputs=(X, WG, WU, WD),
+        scalars=(),
+        outputs=(Output("F", lift(B, ("batch",), inner(h, WD, var="e", name="hw")),
+                        ("b", "i", "c")),
+                 Output("U", lift(B, ("batch",), u), ("b",) + ROW_E)),
+    )
+
+
+def _over_rows(per_batch, name):
+    """A weight's gradient: the per-batch products a^T b summed over the batch."""
+    return reduce("+", lift(B, ("batch",), per_batch), axis=0, var="b", name=name)
+
+
+def _transposed(w, label):
+    """A weight stored transposed once, so that every product runs along contiguous rows."""
+    return named(label, transpose(w), index=("e", "c") if w is not WD else ("c", "e"))
+
+
+def backward_spec() -> KernelSpec:
+    x, u, df = (psi(B, a) for a in (X, U, DF))
+    v = named("V", inner(x, WU, var="c", name="xu"), index=ROW_E)
+    h = named("H", silu(u) * v, index=ROW_E)
+    dh = named("dH", inner(df, _transposed(WD, "WdT"), var="c", name="dfw"), index=ROW_E)
+    sig = sigmoid(u)
+    dv = named("dV", dh * silu(u), index=ROW_E)
+    du = named("dU", dh * v * sig * (1.0 + u * (1.0 - sig)), index=ROW_E)
+    dx = (inner(du, _transposed(WG, "WgT"), var="e", name="dug")
+          + inner(dv, _transposed(WU, "WuT"), var="e", name="dvu"))
+    rows_t = lambda a: transpose(a)  # (n, k) -> (k, n)
+    return KernelSpec(
+        name="mlp_bwd",
+        inputs=(X, WG, WU, WD, U, DF),
+        scalars=(),
+        outputs=(
+            Output("dX", lift(B, ("batch",), dx), ("b", "i", "c")),
+            Output("dWg", _over_rows(inner(rows_t(x), du, var="i", name="xdu"), "batch_g"), ("c", "e")),
+            Output("dWu", _over_rows(inner(rows_t(x), dv, var="i", name="xdv"), "batch_u"), ("c", "e")),
+            Output("dWd", _over_rows(inner(rows_t(h), df, var="i", name="hdf"), "batch_d"), ("e", "c")),
+        ),
+    )
+
+
+FORWARD_TEMPS = frozenset({"H"})
+BACKWARD_TEMPS = frozenset({"V", "H", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
+ROWS = ("b", "i")
+# the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
+# weight rows x cols), elementwise row nests and the weights' transposes (weight rows)
+FORWARD = {"rows": {"U": "e", "H": "e", "F": "c"}, "weights": {}, "elementwise": (),
+           "transposes": {}}
+BACKWARD = {"rows": {"dH": "e", "V": "e", "dX": "c"},
+            "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
+            "elementwise": ("H", "dV", "dU"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"}}
+
+
+def _plain(nests):
+    """Each nest as the DNF gives it, parallel over the rows it writes."""
+    steps = [Hoist()]
+    steps += [Parallel(ROWS, nest=n) for n in list(nests["rows"]) + list(nests["elementwise"])]
+    steps += [Parallel((rows,), nest=n) for n, (rows, _) in nests["weights"].items()]
+    steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
+    return tuple(steps)
+
+
+def _tiled(nests, mr, nr):
+    """Every contraction register tiled, row products parallel over (batch, row tile),
+    weight gradients over the weight's row tiles; the rest as in _plain."""
+    steps = []
+    for label, cols in nests["rows"].items():
+        steps += [RegisterTile(label, "i", cols, mr, nr), Parallel(("b", f"{cols}_tile"), nest=label),
+                  Parallel(ROWS, nest=f"{label}.edge")]
+    for label, (rows, cols) in nests["weights"].items():
+        steps += [RegisterTile(label, rows, cols, mr, nr),
+                  Parallel((f"{cols}_tile",), nest=label),
+                  Parallel((rows,), nest=f"{label}.edge")]
+    steps.append(Hoist())
+    steps += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
+    steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
+    return tuple(steps)
+
+
+MR, NR = 4, 8  # a 4 x 8 tile: 8 vector accumulators of 4 doubles, or 4 of 8 floats
+FORWARD_VARIANTS = {
+    # dot products along the model axis, as plain triple loops
+    "naive": (FORWARD_TEMPS, _plain(FORWARD)),
+    "tiled": (FORWARD_TEMPS, _tiled(FORWARD, MR, NR)),
+}
+BACKWARD_VARIANTS = {
+    "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
+    "tiled": (BACKWARD_TEMPS, _tiled(BACKWARD, MR, NR)),
+}
+
+KERNELS = [(forward_spec(), FORWARD_VARIANTS), (backward_spec(), BACKWARD_VARIANTS)]

@@ -1,0 +1,138 @@
+"""The block's glue: the Q, K, V projections into heads, the output projection with the
+residual, their backwards, and the residual sum.
+
+Weights are stored as PyTorch's (d_model, heads * d_head) matrices viewed per head:
+Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
+
+    Q = X Wq[:, h, :]                      Y = R + sum_h O[h] Wo[h]
+    dX = sum_h (dQ Wq^T + dK Wk^T + dV Wv^T)[h],  dWq[:, h, :] = sum_b X^T dQ[h]
+    dO[h] = dY Wo[h]^T,                     dWo[h] = sum_b O[h]^T dY
+
+Every product is register tiled (moagen.onf.tiling); a weight that would be read across
+its rows is first stored transposed, once, so that every tile reads contiguous rows.
+"""
+from moagen.kernels.mlp import MR, NR
+from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
+from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.schedule import Parallel, Reorder
+from moagen.onf.tiling import RegisterTile
+
+X = array("X", "batch", "n", "dm")
+R = array("R", "batch", "n", "dm")
+WQ, WK, WV = (array(w, "dm", "heads", "dh") for w in ("Wq", "Wk", "Wv"))
+WO = array("Wo", "heads", "dh", "dm")
+O = array("O", "batch", "heads", "n", "dh")
+DQ, DK, DV = (array(g, "batch", "heads", "n", "dh") for g in ("dQ", "dK", "dV"))
+DY = array("dY", "batch", "n", "dm")
+BH, BH_EXTENTS = ("b", "h"), ("batch", "heads")
+HEAD_ROWS = ("b", "h", "i", "c")  # an array of per-head rows
+
+
+def _per_head(w):
+    """W[:, h, :] for every head: (dm, heads, dh) -> (heads, dm, dh)."""
+    return transpose(w, (1, 0, 2))
+
+
+def _sum_heads(per_head):
+    """sum_h of a per-head (n, dm) product, inside a batch entry."""
+    return reduce("+", lift(("h",), ("heads",), per_head), axis=0, var="h", name="heads_sum")
+
+
+def _sum_batch(per_batch, name):
+    return reduce("+", lift(("b",), ("batch",), per_batch), axis=0, var="b", name=name)
+
+
+def _row_tiles(nest, cols):
+    """A product over rows i of a (b[, h]) slice: tiled, parallel over b[, h] and column tiles."""
+    outer = ("b", "h") if cols == "c" else ("b",)
+    return (RegisterTile(nest, "i", cols, MR, NR), Parallel(outer + (f"{cols}_tile",), nest=nest),
+            Parallel(outer + ("i",), nest=f"{nest}.edge"))
+
+
+QKV = KernelSpec(
+    name="qkv_proj",
+    inputs=(X, WQ, WK, WV),
+    scalars=(),
+    outputs=tuple(Output(name, lift(BH, BH_EXTENTS, inner(psi(("b",), X),
+                                                          psi(("h",), _per_head(w)), var="m",
+                                                          name="xw")), HEAD_ROWS)
+                  for name, w in (("Q", WQ), ("K", WK), ("V", WV))),
+)
+QKV_VARIANTS = {"tiled": (frozenset(), sum((_row_tiles(o, "c") for o in ("Q", "K", "V")), ()))}
+
+
+def _weight_grad(x, grad):
+    """dW[:, h, :] = sum over (batch, row) of X^T dY[h]: (dm, heads, dh)."""
+    per_head = lift(("h",), ("heads",), _sum_batch(
+        inner(transpose(psi(("b",), x)), psi(("b", "h"), grad), var="i", name="xg"), "batches"))
+    return transpose(per_head, (1, 0, 2))
+
+
+def _qkv_backward():
+    transposed = {w.name: named(f"{w.name}T", transpose(w, (1, 2, 0)), index=("h", "c", "m"))
+                  for w in (WQ, WK, WV)}
+    dx = None
+    for w, g in ((WQ, DQ), (WK, DK), (WV, DV)):
+        term = _sum_heads(inner(psi(("b", "h"), g), psi(("h",), transposed[w.name]), var="c",
+                                name="gw"))
+        dx = term if dx is None else dx + term
+    return KernelSpec(
+        name="qkv_proj_bwd",
+        inputs=(X, WQ, WK, WV, DQ, DK, DV),
+        scalars=(),
+        outputs=(Output("dX", lift(("b",), ("batch",), dx), ("b", "i", "m")),)
+        + tuple(Output(f"d{w.name}", _weight_grad(X, g), ("m", "h", "c"))
+                for w, g in ((WQ, DQ), (WK, DK), (WV, DV))),
+    )
+
+
+def _weight_tiles(nest, order, rows, cols):
+    outer = order[0]
+    return (Reorder(order, nest=nest), RegisterTile(nest, rows, cols, MR, NR),
+            Parallel((outer, f"{cols}_tile"), nest=nest), Parallel((outer, rows), nest=f"{nest}.edge"))
+
+
+QKV_BWD_VARIANTS = {"tiled": (frozenset({"WqT", "WkT", "WvT"}), (
+    RegisterTile("dX", "i", "m", MR, NR), Parallel(("b", "m_tile"), nest="dX"),
+    Parallel(("b", "i"), nest="dX.edge"))
+    + sum((_weight_tiles(f"d{w}", ("h", "m", "c"), "m", "c") for w in ("Wq", "Wk", "Wv")), ())
+    + tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")))}
+
+
+OUT = KernelSpec(
+    name="out_proj",
+    inputs=(O, WO, R),
+    scalars=(),
+    outputs=(Output("Y", lift(("b",), ("batch",), psi(("b",), R) + _sum_heads(
+        inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
+)
+OUT_VARIANTS = {"tiled": (frozenset(), (RegisterTile("Y", "i", "m", MR, NR),
+                                        Parallel(("b", "m_tile"), nest="Y"),
+                                        Parallel(("b", "i"), nest="Y.edge")))}
+
+
+def _out_backward():
+    wo_t = named("WoT", transpose(WO, (0, 2, 1)), index=("h", "m", "c"))  # (heads, dm, dh)
+    d_o = lift(BH, BH_EXTENTS, inner(psi(("b",), DY), psi(("h",), wo_t), var="m", name="yw"))
+    d_wo = lift(("h",), ("heads",), _sum_batch(
+        inner(transpose(psi(("b", "h"), O)), psi(("b",), DY), var="i", name="oy"), "batches"))
+    return KernelSpec(
+        name="out_proj_bwd",
+        inputs=(O, WO, DY),
+        scalars=(),
+        outputs=(Output("dO", d_o, HEAD_ROWS), Output("dWo", d_wo, ("h", "c", "m"))),
+    )
+
+
+OUT_BWD_VARIANTS = {"tiled": (frozenset({"WoT"}), _row_tiles("dO", "c") + (
+    RegisterTile("dWo", "c", "m", MR, NR), Parallel(("h", "m_tile"), nest="dWo"),
+    Parallel(("h", "c"), nest="dWo.edge"), Parallel(("h",), nest="WoT")))}
+
+
+RESIDUAL = array("x", "batch", "n", "dm")
+ADD = KernelSpec(name="residual_add", inputs=(RESIDUAL, R), scalars=(),
+                 outputs=(Output("y", RESIDUAL + R, ("b", "i", "m")),))
+ROWS = Parallel(("b", "i"))
+
+KERNELS = [(QKV, QKV_VARIANTS), (_qkv_backward(), QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
+           (_out_backward(), OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), (ROWS,))})]

@@ -1,0 +1,86 @@
+"""Partial sums: a sum over every row (RMSNorm's dgamma) computed in parallel without
+atomics, and in an order that does not depend on the number of threads.
+
+It takes a nest `for c..: out[c..] = sum_b sum_i body(b, i, c..)` and cuts the loop over
+one summed axis (i) into a fixed number of parts:
+
+    partial  for p in [0, parts):                      (parallel: each p owns its row)
+                 out_part[p, c..] = 0
+                 for b: for i in part p of [0, n): for c..: out_part[p, c..] += body
+    merge    for c..: out[c..] = sum_p out_part[p, c..]  (p = 0, 1, ... in order)
+
+Inside a part the output loops are innermost, over contiguous elements; whatever depends
+only on the row (a row's statistic) is hoisted out of them by a later Hoist.
+"""
+from dataclasses import dataclass, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, enclose
+from moagen.onf.names import Names, base_name
+from moagen.onf.schedule import kernel_names
+
+
+@dataclass(frozen=True)
+class PartialSums:
+    nest: str
+    var: str  # the summed axis cut into parts
+    parts: int
+
+    def __str__(self):
+        return f"partial_sums({self.nest}, {self.var}, {self.parts})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.parts < 1:
+            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+        nest = next((n for n in onf.nests if n.label == self.nest), None)
+        if nest is None:
+            raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest}")
+        out_loops, stmts = [], nest.body
+        while len(stmts) == 1 and isinstance(stmts[0], Loop):
+            out_loops.append(stmts[0])
+            stmts = stmts[0].body
+        store = stmts[0] if len(stmts) == 1 else None
+        if not isinstance(store, Store) or store.accumulate or \
+                not isinstance(store.value, S.Reduction):
+            raise ScheduleError(f"{self}: nest {self.nest} is not loops around one store of a sum")
+        sums, body = [], store.value
+        while isinstance(body, S.Reduction) and body.op == "+":
+            sums.append(body)
+            body = body.body
+        if isinstance(body, S.Reduction) or self.var not in [base_name(r.var.name) for r in sums]:
+            raise ScheduleError(f"{self}: the value stored by nest {self.nest} is not a sum over "
+                                f"{self.var}")
+
+        names = kernel_names(onf)
+        p = sympy.Symbol(names.claim(names.new("p")), integer=True)
+        part = names.claim(names.new(f"{store.array}_part"))
+        shape = next(b.shape for b in onf.outputs + onf.temps if b.name == store.array)
+        part_index = (p,) + tuple(store.index)
+        # the summed axes become loops named after their role (b2 -> b where free)
+        loop_names = Names(names.fixed | names.locals | {lp.var.name for lp in out_loops} | {p.name})
+        sum_loops = []
+        for red in sums:
+            var = sympy.Symbol(loop_names.claim(loop_names.new(base_name(red.var.name))),
+                               integer=True)
+            body = S.subs(body, {red.var: var})
+            loop = Loop(var, sympy.Integer(0), red.extent, ())
+            if base_name(red.var.name) == self.var:
+                chunk = idiv(red.extent + self.parts - 1, self.parts)
+                loop = replace(loop, start=p * chunk, stop=sympy.Min(red.extent, p * chunk + chunk))
+            sum_loops.append(loop)
+        zero = enclose(out_loops, (Store(part, part_index, S.Num(0.0)),))
+        add = enclose(sum_loops + out_loops, (Store(part, part_index, body, accumulate="+"),))
+        partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
+                                          zero + add),), nest.origin, f"{nest.label}.partial")
+        total = S.Reduction("+", p, sympy.Integer(self.parts), S.Access(part, part_index),
+                            f"{store.array}_sum")
+        merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)))
+        nests = []
+        for n in onf.nests:
+            nests += [partial, merge] if n is nest else [n]
+        return replace(onf.with_nests(nests, str(self)),
+                       temps=onf.temps + (Buffer(part, (sympy.Integer(self.parts),) + shape),))

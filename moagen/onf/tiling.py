@@ -1,0 +1,149 @@
+"""Register tiling of a contraction: the ONF rewrite that puts an inner product next to BLAS.
+
+It takes a nest `for outer..: for r: for c: out[.., r, c] = g(sum_k body(r, k, c))` (k may
+be several nested sums, e.g. over batch and rows for a weight gradient) and computes an
+mr x nr tile of outputs at once, each in its own accumulator, so that every operand loaded
+in the loop over k is used mr or nr times from registers:
+
+    tiles  for outer..: for r_tile: for c_tile in full column tiles:
+               acc_u_v = 0                               (u < mr, v < nr)
+               for k..: acc_u_v += body(r_u, k, c_v)     r_u = min(mr*r_tile + u, rows - 1)
+               out[.., r_u, c_v] = g(acc_u_v)            c_v = nr*c_tile + v
+    edge   for outer..: for r: for c in the last (rows mod nr) columns: the plain nest
+
+The columns of a tile are consecutive (the contiguous axis of the output and of the
+operand indexed by c), which the compiler turns into vector registers. A row tile past the
+last row repeats the last row, recomputing and storing the same value; no edge code for
+rows is needed, and the rows of a tile never leave one thread.
+"""
+from dataclasses import dataclass, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.loops import Let, Loop, Nest, ONF, Store, Update, enclose
+from moagen.onf.names import Names, base_name
+from moagen.onf.schedule import kernel_names
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    nest: str
+    rows: str
+    cols: str
+    mr: int = 4
+    nr: int = 8
+
+    def __str__(self):
+        return f"register_tile({self.nest}, {self.rows} x {self.cols}, {self.mr} x {self.nr})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.mr < 1 or self.nr < 1:
+            raise ScheduleError(f"{self}: tile sizes must be at least 1")
+        nest = next((n for n in onf.nests if n.label == self.nest), None)
+        if nest is None:
+            raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest}")
+        chain, store = self._pattern(nest)
+        store = replace(store, value=_merge_sums(store.value))
+        *outer, rows, cols = chain
+        reduction = self._contraction(store, rows, cols)
+        sums, body = [], reduction
+        while isinstance(body, S.Reduction) and body.op == "+":
+            sums.append(body)
+            body = body.body
+
+        # loop variables may repeat another nest's, accumulators another nest's locals
+        names = kernel_names(onf)
+        in_nest = {lp.var.name for lp in chain}
+        loop_names = Names(names.fixed | names.locals | in_nest)
+        new_var = lambda hint: sympy.Symbol(loop_names.claim(loop_names.new(hint)), integer=True)
+        r_tile, c_tile = new_var(f"{self.rows}_tile"), new_var(f"{self.cols}_tile")
+        loop_vars = [new_var(base_name(red.var.name)) for red in sums]
+        acc_names = Names(names.reserved - names.locals)
+        body = S.subs(body, {red.var: v for red, v in zip(sums, loop_vars)})
+
+        lets, updates, stores = [], [], []
+        for u in range(self.mr):
+            r_u = sympy.Min(self.mr * r_tile + u, rows.stop - 1)
+            for v in range(self.nr):
+                at = {rows.var: r_u, cols.var: self.nr * c_tile + v}
+                acc = acc_names.claim(acc_names.new(f"acc_{u}_{v}"))
+                lets.append(Let(acc, S.Num(0.0)))
+                updates.append(Update(acc, "+", S.subs(body, at)))
+                value = _replace_once(store.value, reduction, S.Local(acc))
+                stores.append(Store(store.array, tuple(sympy.sympify(i).xreplace(at)
+                                                        for i in store.index),
+                                    S.subs(value, at)))
+        k_loops = [Loop(v, sympy.Integer(0), red.extent, (), vector_tile=True)
+                   for red, v in zip(sums, loop_vars)]
+        # column tiles outside row tiles: a panel of the operand indexed by columns stays
+        # in cache while every row tile passes over it
+        tile_loops = [Loop(c_tile, sympy.Integer(0), idiv(cols.stop, self.nr), ()),
+                      Loop(r_tile, sympy.Integer(0), idiv(rows.stop + self.mr - 1, self.mr), ())]
+        tiles = enclose(outer + tile_loops, lets + list(enclose(k_loops, updates)) + stores)
+        edge_cols = replace(cols, start=self.nr * idiv(cols.stop, self.nr))
+        edge = enclose(outer + [rows, edge_cols], (store,))
+        nests = []
+        for n in onf.nests:
+            nests += ([replace(n, body=tiles), Nest(n.target, edge, n.origin,
+                                                    f"{n.label}.edge")] if n is nest else [n])
+        return onf.with_nests(nests, str(self))
+
+    def _pattern(self, nest: Nest):
+        """The loops down to a single plain store, the last two being rows and cols."""
+        chain, stmts = [], nest.body
+        while len(stmts) == 1 and isinstance(stmts[0], Loop):
+            chain.append(stmts[0])
+            stmts = stmts[0].body
+        names = [lp.var.name for lp in chain[-2:]]
+        if (len(stmts) != 1 or not isinstance(stmts[0], Store) or stmts[0].accumulate
+                or names != [self.rows, self.cols]):
+            raise ScheduleError(f"{self}: nest {self.nest} is not perfectly nested loops ending "
+                                f"in {self.rows}, {self.cols} around one store")
+        if any(lp.start != 0 or lp.parallel for lp in chain):
+            raise ScheduleError(f"{self}: nest {self.nest} must be tiled before any other "
+                                f"loop transform")
+        return chain, stmts[0]
+
+    def _contraction(self, store, rows, cols):
+        """The one sum in the stored value; its extents may not depend on rows or cols."""
+        sums = [e for e in _outermost_reductions(store.value)]
+        if len(sums) != 1 or sums[0].op != "+":
+            raise ScheduleError(f"{self}: the value stored by nest {self.nest} must contain "
+                                f"exactly one sum, found {len(sums)} reductions")
+        red = sums[0]
+        while isinstance(red, S.Reduction):
+            if red.extent.free_symbols & {rows.var, cols.var}:
+                raise ScheduleError(f"{self}: the extent {red.extent} of {red.var} depends on "
+                                    f"the tiled loops")
+            red = red.body
+        return sums[0]
+
+
+def _merge_sums(e):
+    """sum_k a + sum_k' b -> sum_k (a + b[k' := k]) when the extents agree: one accumulator
+    for dU Wg^T + dV Wu^T, or for the sum over heads of dQ Wq^T + dK Wk^T + dV Wv^T."""
+    if isinstance(e, S.Bin) and e.op == "+":
+        left, right = _merge_sums(e.left), _merge_sums(e.right)
+        if (isinstance(left, S.Reduction) and isinstance(right, S.Reduction)
+                and left.op == right.op == "+" and left.extent == right.extent):
+            body = S.Bin("+", left.body, S.subs(right.body, {right.var: left.var}))
+            return replace(left, body=_merge_sums(body))  # nested sums merge level by level
+        return replace(e, left=left, right=right)
+    return e
+
+
+def _outermost_reductions(e):
+    if isinstance(e, S.Reduction):
+        yield e
+        return
+    for c in S.children(e):
+        yield from _outermost_reductions(c)
+
+
+def _replace_once(e, target, local):
+    if e is target:
+        return local
+    return S.map_children(e, lambda c: _replace_once(c, target, local))
