@@ -57,12 +57,27 @@ void block_bwd_composed_f64(
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
     double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
     double *restrict norm2_dweight_part,
     double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
     double *restrict attn_delta,
     double *restrict qkv_WqT,
     double *restrict qkv_WkT,
     double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
     double *restrict norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -95,112 +110,174 @@ void block_bwd_composed_f64(
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
+    /* mlp.dH.pack_WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.dH: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_0_1 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_0_2 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_0_3 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_0_4 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_0_5 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_0_6 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_0_7 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_1_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_1_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_1_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_1_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_1_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_1_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_1_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_1_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_2_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_2_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_2_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_2_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_2_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_2_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_2_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_2_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_3_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_3_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_3_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_3_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_3_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_3_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_3_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_3_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
             }
         }
     }
@@ -220,112 +297,174 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* mlp.V.pack_Wu: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.V: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
             }
         }
     }
@@ -390,6 +529,32 @@ void block_bwd_composed_f64(
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
+    /* mlp.dX.pack_WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    /* mlp.dX.pack_WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
     /* mlp.dX: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -397,106 +562,156 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_0_1 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_0_2 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_0_3 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_0_4 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_0_5 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_0_6 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_0_7 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
                 }
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
             }
         }
     }
@@ -517,13 +732,27 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* mlp.dWg.pack_dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -556,74 +785,122 @@ void block_bwd_composed_f64(
             double acc_3_5 = 0.0;
             double acc_3_6 = 0.0;
             double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
+                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
     /* mlp.dWg.edge: from the DNF
@@ -644,13 +921,27 @@ void block_bwd_composed_f64(
             dWg[c*dff + e] = batch_g;
         }
     }
+    /* mlp.dWu.pack_dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -683,74 +974,122 @@ void block_bwd_composed_f64(
             double acc_3_5 = 0.0;
             double acc_3_6 = 0.0;
             double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
+                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
     /* mlp.dWu.edge: from the DNF
@@ -783,13 +1122,27 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* mlp.dWd.pack_dF: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 3) / 4); ++e_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
             double acc_0_0 = 0.0;
             double acc_0_1 = 0.0;
             double acc_0_2 = 0.0;
@@ -822,74 +1175,122 @@ void block_bwd_composed_f64(
             double acc_3_5 = 0.0;
             double acc_3_6 = 0.0;
             double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_0_1 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 7];
+                    acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
     /* mlp.dWd.edge: from the DNF
@@ -993,6 +1394,20 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* out.dO.pack_WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                }
+            }
+        }
+    }
     /* out.dO: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -1001,7 +1416,7 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
                     double acc_0_0 = 0.0;
                     double acc_0_1 = 0.0;
                     double acc_0_2 = 0.0;
@@ -1034,72 +1449,120 @@ void block_bwd_composed_f64(
                     double acc_3_5 = 0.0;
                     double acc_3_6 = 0.0;
                     double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_0_1 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_0_2 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_0_3 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_0_4 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_0_5 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_0_6 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_0_7 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
+                        acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
                 }
             }
         }
@@ -1122,6 +1585,20 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* out.dWo.pack_dY: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
     /* out.dWo: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -1129,7 +1606,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t c_tile = 0; c_tile < ((dh + 3) / 4); ++c_tile) {
+            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1162,74 +1639,122 @@ void block_bwd_composed_f64(
                 double acc_3_5 = 0.0;
                 double acc_3_6 = 0.0;
                 double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
+                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
                     }
                 }
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile] = acc_1_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile] = acc_2_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile] = acc_3_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -1421,6 +1946,54 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* qkv.dX.pack_WqT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    /* qkv.dX.pack_WkT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    /* qkv.dX.pack_WvT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
     /* qkv.dX: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -1430,7 +2003,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1463,74 +2036,122 @@ void block_bwd_composed_f64(
                 double acc_3_5 = 0.0;
                 double acc_3_6 = 0.0;
                 double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
+                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -1556,6 +2177,22 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* qkv.dWq.pack_dQ: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWq: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -1563,7 +2200,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1596,74 +2233,122 @@ void block_bwd_composed_f64(
                 double acc_3_5 = 0.0;
                 double acc_3_6 = 0.0;
                 double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }
@@ -1687,6 +2372,22 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* qkv.dWk.pack_dK: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWk: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -1694,7 +2395,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1727,74 +2428,122 @@ void block_bwd_composed_f64(
                 double acc_3_5 = 0.0;
                 double acc_3_6 = 0.0;
                 double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }
@@ -1818,6 +2567,22 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* qkv.dWv.pack_dV: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWv: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -1825,7 +2590,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 double acc_0_0 = 0.0;
                 double acc_0_1 = 0.0;
                 double acc_0_2 = 0.0;
@@ -1858,74 +2623,122 @@ void block_bwd_composed_f64(
                 double acc_3_5 = 0.0;
                 double acc_3_6 = 0.0;
                 double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }
@@ -2073,12 +2886,27 @@ void block_bwd_composed_f32(
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
     float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
     float *restrict norm2_dweight_part,
     float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
     float *restrict attn_delta,
     float *restrict qkv_WqT,
     float *restrict qkv_WkT,
     float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
     float *restrict norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2111,112 +2939,174 @@ void block_bwd_composed_f32(
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
     }
+    /* mlp.dH.pack_WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.dH: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_0_1 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_0_2 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_0_3 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_0_4 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_0_5 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_0_6 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_0_7 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_1_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_1_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_1_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_1_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_1_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_1_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_1_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_1_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_2_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_2_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_2_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_2_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_2_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_2_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_2_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_2_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 7];
-                    acc_3_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile];
-                    acc_3_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 1];
-                    acc_3_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 2];
-                    acc_3_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 3];
-                    acc_3_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 4];
-                    acc_3_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 5];
-                    acc_3_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 6];
-                    acc_3_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
             }
         }
     }
@@ -2236,112 +3126,174 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* mlp.V.pack_Wu: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
     /* mlp.V: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                for (int64_t c = 0; c < dm; ++c) {
-                    acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-                    acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-                    acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-                    acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-                    acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-                    acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-                    acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-                    acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-                    acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-                    acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-                    acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-                    acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    for (int64_t c = 0; c < dm; ++c) {
+                        acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                        acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                        acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                        acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                        acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                        acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                        acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                        acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                        acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                    }
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-                mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-                mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
             }
         }
     }
@@ -2406,6 +3358,32 @@ void block_bwd_composed_f32(
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
     }
+    /* mlp.dX.pack_WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    /* mlp.dX.pack_WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
     /* mlp.dX: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -2413,106 +3391,156 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                for (int64_t e = 0; e < dff; ++e) {
-                    acc_0_0 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_0_1 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_0_2 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_0_3 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_0_4 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_0_5 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_0_6 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_0_7 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-                    acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e];
-                    acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-                    acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-                    acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-                    acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-                    acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-                    acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-                    acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
                 }
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-                dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-                dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
             }
         }
     }
@@ -2533,13 +3561,27 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* mlp.dWg.pack_dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -2572,74 +3614,122 @@ void block_bwd_composed_f32(
             float acc_3_5 = 0.0f;
             float acc_3_6 = 0.0f;
             float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
+                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
     /* mlp.dWg.edge: from the DNF
@@ -2660,13 +3750,27 @@ void block_bwd_composed_f32(
             dWg[c*dff + e] = batch_g;
         }
     }
+    /* mlp.dWu.pack_dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -2699,74 +3803,122 @@ void block_bwd_composed_f32(
             float acc_3_5 = 0.0f;
             float acc_3_6 = 0.0f;
             float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
+                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
     /* mlp.dWu.edge: from the DNF
@@ -2799,13 +3951,27 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* mlp.dWd.pack_dF: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                }
+            }
+        }
+    }
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 3) / 4); ++e_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
             float acc_0_0 = 0.0f;
             float acc_0_1 = 0.0f;
             float acc_0_2 = 0.0f;
@@ -2838,74 +4004,122 @@ void block_bwd_composed_f32(
             float acc_3_5 = 0.0f;
             float acc_3_6 = 0.0f;
             float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_0_1 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i)];
-                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 7];
+                    acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
     /* mlp.dWd.edge: from the DNF
@@ -3009,6 +4223,20 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* out.dO.pack_WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                }
+            }
+        }
+    }
     /* out.dO: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -3017,7 +4245,7 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
                     float acc_0_0 = 0.0f;
                     float acc_0_1 = 0.0f;
                     float acc_0_2 = 0.0f;
@@ -3050,72 +4278,120 @@ void block_bwd_composed_f32(
                     float acc_3_5 = 0.0f;
                     float acc_3_6 = 0.0f;
                     float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_0_1 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_0_2 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_0_3 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_0_4 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_0_5 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_0_6 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_0_7 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
+                        acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
                     }
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
                 }
             }
         }
@@ -3138,6 +4414,20 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* out.dWo.pack_dY: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
     /* out.dWo: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -3145,7 +4435,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t c_tile = 0; c_tile < ((dh + 3) / 4); ++c_tile) {
+            for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3178,74 +4468,122 @@ void block_bwd_composed_f32(
                 float acc_3_5 = 0.0f;
                 float acc_3_6 = 0.0f;
                 float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile];
-                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
+                        acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                        acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                        acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                        acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                        acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                        acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                        acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                        acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                        acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
                     }
                 }
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-                dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile] = acc_1_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile] = acc_2_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile] = acc_3_0;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+                dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -3437,6 +4775,54 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* qkv.dX.pack_WqT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    /* qkv.dX.pack_WkT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    /* qkv.dX.pack_WvT: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
     /* qkv.dX: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -3446,7 +4832,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3479,74 +4865,122 @@ void block_bwd_composed_f32(
                 float acc_3_5 = 0.0f;
                 float acc_3_6 = 0.0f;
                 float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
+                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -3572,6 +5006,22 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* qkv.dWq.pack_dQ: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWq: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -3579,7 +5029,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3612,74 +5062,122 @@ void block_bwd_composed_f32(
                 float acc_3_5 = 0.0f;
                 float acc_3_6 = 0.0f;
                 float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }
@@ -3703,6 +5201,22 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* qkv.dWk.pack_dK: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWk: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -3710,7 +5224,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3743,74 +5257,122 @@ void block_bwd_composed_f32(
                 float acc_3_5 = 0.0f;
                 float acc_3_6 = 0.0f;
                 float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }
@@ -3834,6 +5396,22 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* qkv.dWv.pack_dV: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
     /* qkv.dWv: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -3841,7 +5419,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
                 float acc_0_0 = 0.0f;
                 float acc_0_1 = 0.0f;
                 float acc_0_2 = 0.0f;
@@ -3874,74 +5452,122 @@ void block_bwd_composed_f32(
                 float acc_3_5 = 0.0f;
                 float acc_3_6 = 0.0f;
                 float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
                     }
                 }
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
             }
         }
     }

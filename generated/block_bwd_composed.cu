@@ -61,12 +61,27 @@ __global__ void block_bwd_composed_f64_norm2_apply_z(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -140,12 +155,27 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -161,6 +191,101 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
         mlp_WdT[c*dff + e] = Wd[c + dm*e];
+    }
+}
+
+/* mlp.dH.pack_WdT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ */
+__global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -218,12 +343,27 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -235,108 +375,158 @@ __global__ void block_bwd_composed_f64_mlp_dH(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_0_1 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_0_2 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_0_3 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_0_4 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_0_5 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_0_6 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_0_7 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_1_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_1_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_1_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_1_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_1_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_1_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_1_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_1_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_2_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_2_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_2_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_2_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_2_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_2_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_2_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_2_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_3_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_3_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_3_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_3_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_3_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_3_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_3_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_3_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -394,12 +584,27 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -420,6 +625,101 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
             dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
         }
         mlp_dH[dff*(b*n + i) + e] = dfw;
+    }
+}
+
+/* mlp.V.pack_Wu: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_bwd_composed_f64_mlp_V_pack_Wu(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -477,12 +777,27 @@ __global__ void block_bwd_composed_f64_mlp_V(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -494,108 +809,158 @@ __global__ void block_bwd_composed_f64_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -653,12 +1018,27 @@ __global__ void block_bwd_composed_f64_mlp_V_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -736,12 +1116,27 @@ __global__ void block_bwd_composed_f64_mlp_dU(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -816,12 +1211,27 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -894,12 +1304,27 @@ __global__ void block_bwd_composed_f64_mlp_dV(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -973,12 +1398,27 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -994,6 +1434,198 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     const int64_t e = tid;
     for (int64_t c = 0; c < dm; ++c) {
         mlp_WuT[c + dm*e] = Wu[c*dff + e];
+    }
+}
+
+/* mlp.dX.pack_WgT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ */
+__global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+        }
+    }
+}
+
+/* mlp.dX.pack_WuT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ */
+__global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+        }
     }
 }
 
@@ -1052,12 +1684,27 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1069,108 +1716,158 @@ __global__ void block_bwd_composed_f64_mlp_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t c_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t e = 0; e < dff; ++e) {
-            acc_0_0 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_0_1 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_0_2 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_0_3 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_0_4 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_0_5 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_0_6 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_0_7 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t e = 0; e < dff; ++e) {
+                acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+            }
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
         }
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
     }
 }
 
@@ -1229,12 +1926,27 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1255,6 +1967,103 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
             dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
         }
         dxn2[c + dm*(b*n + i)] = dug;
+    }
+}
+
+/* mlp.dWg.pack_dU: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ */
+__global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+            }
+        }
     }
 }
 
@@ -1312,12 +2121,27 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1331,7 +2155,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -1364,74 +2188,122 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
+                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
 }
 
@@ -1489,12 +2361,27 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1518,6 +2405,103 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
             batch_g += xdu;
         }
         dWg[c*dff + e] = batch_g;
+    }
+}
+
+/* mlp.dWu.pack_dV: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ */
+__global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+            }
+        }
     }
 }
 
@@ -1575,12 +2559,27 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1594,7 +2593,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -1627,74 +2626,122 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
+                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
 }
 
@@ -1752,12 +2799,27 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1838,12 +2900,27 @@ __global__ void block_bwd_composed_f64_mlp_H(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1860,6 +2937,103 @@ __global__ void block_bwd_composed_f64_mlp_H(
     const int64_t b = (tid / n);
     for (int64_t e = 0; e < dff; ++e) {
         mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+    }
+}
+
+/* mlp.dWd.pack_dF: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ */
+__global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+            }
+        }
     }
 }
 
@@ -1917,12 +3091,27 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -1936,7 +3125,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
-    for (int64_t e_tile = 0; e_tile < ((dff + 3) / 4); ++e_tile) {
+    for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -1969,74 +3158,122 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_0_1 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_0_2 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_0_3 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_0_4 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_0_5 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_0_6 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_0_7 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 7];
+                acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] = acc_0_0;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 1] = acc_0_1;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 2] = acc_0_2;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 3] = acc_0_3;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 4] = acc_0_4;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 5] = acc_0_5;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 6] = acc_0_6;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 7] = acc_0_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] = acc_1_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 1] = acc_1_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 2] = acc_1_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 3] = acc_1_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 4] = acc_1_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 5] = acc_1_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 6] = acc_1_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 7] = acc_1_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] = acc_2_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 1] = acc_2_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 2] = acc_2_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 3] = acc_2_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 4] = acc_2_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 5] = acc_2_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 6] = acc_2_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 7] = acc_2_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] = acc_3_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 1] = acc_3_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 2] = acc_3_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 3] = acc_3_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 4] = acc_3_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 5] = acc_3_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 6] = acc_3_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 7] = acc_3_7;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
     }
 }
 
@@ -2094,12 +3331,27 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2186,12 +3438,27 @@ __global__ void block_bwd_composed_f64_norm2_dx(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2274,12 +3541,27 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2363,12 +3645,27 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2444,12 +3741,27 @@ __global__ void block_bwd_composed_f64_add2_y(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2523,12 +3835,27 @@ __global__ void block_bwd_composed_f64_out_WoT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2545,6 +3872,103 @@ __global__ void block_bwd_composed_f64_out_WoT(
     for (int64_t m = 0; m < dm; ++m) {
         for (int64_t c = 0; c < dh; ++c) {
             out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+        }
+    }
+}
+
+/* out.dO.pack_WoT: from the DNF
+ * stage out: out_proj_bwd tiled
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ */
+__global__ void block_bwd_composed_f64_out_dO_pack_WoT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+            }
         }
     }
 }
@@ -2603,12 +4027,27 @@ __global__ void block_bwd_composed_f64_out_dO(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2624,7 +4063,7 @@ __global__ void block_bwd_composed_f64_out_dO(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -2657,72 +4096,120 @@ __global__ void block_bwd_composed_f64_out_dO(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_0_1 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_0_2 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_0_3 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_0_4 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_0_5 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_0_6 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_0_7 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_1_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_1_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_1_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_1_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_1_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_1_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_1_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_1_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_2_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_2_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_2_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_2_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_2_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_2_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_2_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_2_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_3_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_3_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_3_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_3_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_3_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_3_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_3_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_3_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
+            acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -2780,12 +4267,27 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2807,6 +4309,103 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
             yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
         dattn[c + dh*(i + n*(b*heads + h))] = yw;
+    }
+}
+
+/* out.dWo.pack_dY: from the DNF
+ * stage out: out_proj_bwd tiled
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ */
+__global__ void block_bwd_composed_f64_out_dWo_pack_dY(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+            }
+        }
     }
 }
 
@@ -2864,12 +4463,27 @@ __global__ void block_bwd_composed_f64_out_dWo(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -2884,7 +4498,7 @@ __global__ void block_bwd_composed_f64_out_dWo(
     if (tid >= heads*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t h = (tid / (((dm) / 8)));
-    for (int64_t c_tile = 0; c_tile < ((dh + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -2917,74 +4531,122 @@ __global__ void block_bwd_composed_f64_out_dWo(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
+                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
             }
         }
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile] = acc_1_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile] = acc_2_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile] = acc_3_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
 }
 
@@ -3042,12 +4704,27 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3129,12 +4806,27 @@ __global__ void block_bwd_composed_f64_attn_delta(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3220,12 +4912,27 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3323,12 +5030,27 @@ __global__ void block_bwd_composed_f64_attn_dK(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3423,12 +5145,27 @@ __global__ void block_bwd_composed_f64_attn_dV(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3513,12 +5250,27 @@ __global__ void block_bwd_composed_f64_norm1_apply_z(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3592,12 +5344,27 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3672,12 +5439,27 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3752,12 +5534,27 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3774,6 +5571,303 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     for (int64_t c = 0; c < dh; ++c) {
         for (int64_t m = 0; m < dm; ++m) {
             qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
+        }
+    }
+}
+
+/* qkv.dX.pack_WqT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
+/* qkv.dX.pack_WkT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
+/* qkv.dX.pack_WvT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
         }
     }
 }
@@ -3834,12 +5928,27 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -3854,7 +5963,7 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     if (tid >= batch*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -3887,74 +5996,122 @@ __global__ void block_bwd_composed_f64_qkv_dX(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
+                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
 }
 
@@ -4014,12 +6171,27 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4044,6 +6216,105 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
             heads_sum += gw;
         }
         dxn1[dm*(b*n + i) + m] = heads_sum;
+    }
+}
+
+/* qkv.dWq.pack_dQ: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -4101,12 +6372,27 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4121,7 +6407,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -4154,74 +6440,122 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -4279,12 +6613,27 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4309,6 +6658,105 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
             batches += xg;
         }
         dWq[c + dh*(h + heads*m)] = batches;
+    }
+}
+
+/* qkv.dWk.pack_dK: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -4366,12 +6814,27 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4386,7 +6849,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -4419,74 +6882,122 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -4544,12 +7055,27 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4574,6 +7100,105 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
             batches += xg;
         }
         dWk[c + dh*(h + heads*m)] = batches;
+    }
+}
+
+/* qkv.dWv.pack_dV: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ */
+__global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -4631,12 +7256,27 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4651,7 +7291,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -4684,74 +7324,122 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -4809,12 +7497,27 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4902,12 +7605,27 @@ __global__ void block_bwd_composed_f64_norm1_dx(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -4990,12 +7708,27 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5079,12 +7812,27 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5160,12 +7908,27 @@ __global__ void block_bwd_composed_f64_add1_y(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5237,12 +8000,27 @@ extern "C" int block_bwd_composed_f64(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
     double *__restrict__ norm2_dweight_part,
     double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
     double *__restrict__ attn_delta,
     double *__restrict__ qkv_WqT,
     double *__restrict__ qkv_WkT,
     double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
     double *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5257,336 +8035,441 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f64_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f64_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f64_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f64_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm2_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f64_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f64_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f64_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_bwd_composed_f64_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dm) / 8);
         block_bwd_composed_f64_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dh*heads;
         block_bwd_composed_f64_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f64_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_bwd_composed_f64_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f64_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f64_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f64_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm1_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f64_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f64_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
@@ -5647,12 +8530,27 @@ __global__ void block_bwd_composed_f32_norm2_apply_z(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5726,12 +8624,27 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5747,6 +8660,101 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     const int64_t c = tid;
     for (int64_t e = 0; e < dff; ++e) {
         mlp_WdT[c*dff + e] = Wd[c + dm*e];
+    }
+}
+
+/* mlp.dH.pack_WdT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+ */
+__global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -5804,12 +8812,27 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -5821,108 +8844,158 @@ __global__ void block_bwd_composed_f32_mlp_dH(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_0_1 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_0_2 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_0_3 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_0_4 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_0_5 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_0_6 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_0_7 += dy[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_1_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_1_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_1_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_1_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_1_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_1_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_1_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_1_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_2_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_2_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_2_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_2_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_2_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_2_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_2_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_2_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * mlp_WdT[c*dff + 8*e_tile + 7];
-            acc_3_0 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile];
-            acc_3_1 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 1];
-            acc_3_2 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 2];
-            acc_3_3 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 3];
-            acc_3_4 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 4];
-            acc_3_5 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 5];
-            acc_3_6 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 6];
-            acc_3_7 += dy[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * mlp_WdT[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += dy[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += dy[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_WdT_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_dH[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_dH[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        mlp_dH[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        mlp_dH[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -5980,12 +9053,27 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6006,6 +9094,101 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
             dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
         }
         mlp_dH[dff*(b*n + i) + e] = dfw;
+    }
+}
+
+/* mlp.V.pack_Wu: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_bwd_composed_f32_mlp_V_pack_Wu(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -6063,12 +9246,27 @@ __global__ void block_bwd_composed_f32_mlp_V(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6080,108 +9278,158 @@ __global__ void block_bwd_composed_f32_mlp_V(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_V[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_V[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        mlp_V[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        mlp_V[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -6239,12 +9487,27 @@ __global__ void block_bwd_composed_f32_mlp_V_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6322,12 +9585,27 @@ __global__ void block_bwd_composed_f32_mlp_dU(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6402,12 +9680,27 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6480,12 +9773,27 @@ __global__ void block_bwd_composed_f32_mlp_dV(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6559,12 +9867,27 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6580,6 +9903,198 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     const int64_t e = tid;
     for (int64_t c = 0; c < dm; ++c) {
         mlp_WuT[c + dm*e] = Wu[c*dff + e];
+    }
+}
+
+/* mlp.dX.pack_WgT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ */
+__global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+        }
+    }
+}
+
+/* mlp.dX.pack_WuT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+ *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+ */
+__global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+        }
     }
 }
 
@@ -6638,12 +10153,27 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6655,108 +10185,158 @@ __global__ void block_bwd_composed_f32_mlp_dX(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t c_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t e = 0; e < dff; ++e) {
-            acc_0_0 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_0_1 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_0_2 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_0_3 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_0_4 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_0_5 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_0_6 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_0_7 += mlp_dU[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
-            acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e];
-            acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 1];
-            acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 2];
-            acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 3];
-            acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 4];
-            acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 5];
-            acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 6];
-            acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WgT[8*c_tile + dm*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * mlp_WuT[8*c_tile + dm*e + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t e = 0; e < dff; ++e) {
+                acc_0_0 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 1] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 2] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 3] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 4] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 5] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 6] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WgT_panel[8*c_tile*dff + 8*e + 7] + mlp_dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_WuT_panel[8*c_tile*dff + 8*e + 7];
+            }
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+            dxn2[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+            dxn2[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
         }
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        dxn2[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        dxn2[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
     }
 }
 
@@ -6815,12 +10395,27 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6841,6 +10436,103 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
             dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
         }
         dxn2[c + dm*(b*n + i)] = dug;
+    }
+}
+
+/* mlp.dWg.pack_dU: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ */
+__global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+            }
+        }
     }
 }
 
@@ -6898,12 +10590,27 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -6917,7 +10624,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -6950,74 +10657,122 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dU[dff*(b*n + i) + 8*e_tile + 7];
+                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWg[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWg[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+        dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+        dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
 }
 
@@ -7075,12 +10830,27 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7104,6 +10874,103 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
             batch_g += xdu;
         }
         dWg[c*dff + e] = batch_g;
+    }
+}
+
+/* mlp.dWu.pack_dV: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ */
+__global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+            }
+        }
     }
 }
 
@@ -7161,12 +11028,27 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7180,7 +11062,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dff) / 8)) return;
     const int64_t e_tile = tid;
-    for (int64_t c_tile = 0; c_tile < ((dm + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -7213,74 +11095,122 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_0_1 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (4*c_tile < dm - 1 ? 4*c_tile : dm - 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3)] * mlp_dV[dff*(b*n + i) + 8*e_tile + 7];
+                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-        dWu[dff*(4*c_tile < dm - 1 ? 4*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile] = acc_1_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 1 ? dm - 1 : 4*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile] = acc_2_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 2 ? dm - 1 : 4*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile] = acc_3_0;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-        dWu[dff*(dm - 1 < 4*c_tile + 3 ? dm - 1 : 4*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+        dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+        dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
     }
 }
 
@@ -7338,12 +11268,27 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7424,12 +11369,27 @@ __global__ void block_bwd_composed_f32_mlp_H(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7446,6 +11406,103 @@ __global__ void block_bwd_composed_f32_mlp_H(
     const int64_t b = (tid / n);
     for (int64_t e = 0; e < dff; ++e) {
         mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+    }
+}
+
+/* mlp.dWd.pack_dF: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ */
+__global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+            }
+        }
     }
 }
 
@@ -7503,12 +11560,27 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7522,7 +11594,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (tid >= ((dm) / 8)) return;
     const int64_t c_tile = tid;
-    for (int64_t e_tile = 0; e_tile < ((dff + 3) / 4); ++e_tile) {
+    for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -7555,74 +11627,122 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_0_1 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_0_2 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_0_3 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_0_4 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_0_5 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_0_6 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_0_7 += mlp_H[dff*(b*n + i) + (4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] * dy[8*c_tile + dm*(b*n + i) + 7];
-                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i)];
-                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 1];
-                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 2];
-                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 3];
-                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 4];
-                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 5];
-                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 6];
-                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] * dy[8*c_tile + dm*(b*n + i) + 7];
+                acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1)] = acc_0_0;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 1] = acc_0_1;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 2] = acc_0_2;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 3] = acc_0_3;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 4] = acc_0_4;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 5] = acc_0_5;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 6] = acc_0_6;
-        dWd[8*c_tile + dm*(4*e_tile < dff - 1 ? 4*e_tile : dff - 1) + 7] = acc_0_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1)] = acc_1_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 1] = acc_1_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 2] = acc_1_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 3] = acc_1_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 4] = acc_1_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 5] = acc_1_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 6] = acc_1_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 1 ? dff - 1 : 4*e_tile + 1) + 7] = acc_1_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2)] = acc_2_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 1] = acc_2_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 2] = acc_2_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 3] = acc_2_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 4] = acc_2_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 5] = acc_2_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 6] = acc_2_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 2 ? dff - 1 : 4*e_tile + 2) + 7] = acc_2_7;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3)] = acc_3_0;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 1] = acc_3_1;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 2] = acc_3_2;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 3] = acc_3_3;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 4] = acc_3_4;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 5] = acc_3_5;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 6] = acc_3_6;
-        dWd[8*c_tile + dm*(dff - 1 < 4*e_tile + 3 ? dff - 1 : 4*e_tile + 3) + 7] = acc_3_7;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+        dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+        dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
     }
 }
 
@@ -7680,12 +11800,27 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7772,12 +11907,27 @@ __global__ void block_bwd_composed_f32_norm2_dx(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7860,12 +12010,27 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -7949,12 +12114,27 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8030,12 +12210,27 @@ __global__ void block_bwd_composed_f32_add2_y(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8109,12 +12304,27 @@ __global__ void block_bwd_composed_f32_out_WoT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8131,6 +12341,103 @@ __global__ void block_bwd_composed_f32_out_WoT(
     for (int64_t m = 0; m < dm; ++m) {
         for (int64_t c = 0; c < dh; ++c) {
             out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+        }
+    }
+}
+
+/* out.dO.pack_WoT: from the DNF
+ * stage out: out_proj_bwd tiled
+ * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+ */
+__global__ void block_bwd_composed_f32_out_dO_pack_WoT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+            }
         }
     }
 }
@@ -8189,12 +12496,27 @@ __global__ void block_bwd_composed_f32_out_dO(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8210,7 +12532,7 @@ __global__ void block_bwd_composed_f32_out_dO(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -8243,72 +12565,120 @@ __global__ void block_bwd_composed_f32_out_dO(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_0_1 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_0_2 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_0_3 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_0_4 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_0_5 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_0_6 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_0_7 += dresid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_1_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_1_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_1_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_1_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_1_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_1_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_1_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_1_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_2_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_2_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_2_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_2_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_2_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_2_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_2_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_2_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
-            acc_3_0 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m)];
-            acc_3_1 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 1];
-            acc_3_2 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 2];
-            acc_3_3 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 3];
-            acc_3_4 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 4];
-            acc_3_5 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 5];
-            acc_3_6 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 6];
-            acc_3_7 += dresid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * out_WoT[8*c_tile + dh*(dm*h + m) + 7];
+            acc_0_0 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += dresid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += dresid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        dattn[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -8366,12 +12736,27 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8393,6 +12778,103 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
             yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
         }
         dattn[c + dh*(i + n*(b*heads + h))] = yw;
+    }
+}
+
+/* out.dWo.pack_dY: from the DNF
+ * stage out: out_proj_bwd tiled
+ * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+ */
+__global__ void block_bwd_composed_f32_out_dWo_pack_dY(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+            }
+        }
     }
 }
 
@@ -8450,12 +12932,27 @@ __global__ void block_bwd_composed_f32_out_dWo(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8470,7 +12967,7 @@ __global__ void block_bwd_composed_f32_out_dWo(
     if (tid >= heads*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t h = (tid / (((dm) / 8)));
-    for (int64_t c_tile = 0; c_tile < ((dh + 3) / 4); ++c_tile) {
+    for (int64_t c_tile = 0; c_tile < ((dh + 5) / 6); ++c_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -8503,74 +13000,122 @@ __global__ void block_bwd_composed_f32_out_dWo(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
-                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile];
-                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 1];
-                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 2];
-                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 3];
-                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 4];
-                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 5];
-                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 6];
-                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)] * dresid[dm*(b*n + i) + 8*m_tile + 7];
+                acc_0_0 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_0_1 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_0_2 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_0_3 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_0_4 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_0_5 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_0_6 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_0_7 += attn[dh*(i + n*(b*heads + h)) + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_1_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_1_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_1_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_1_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_1_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_1_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_1_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_1_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_2_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_2_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_2_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_2_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_2_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_2_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_2_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_2_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_3_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_3_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_3_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_3_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_3_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_3_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_3_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_3_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_4_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_4_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_4_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_4_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_4_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_4_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_4_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_4_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
+                acc_5_0 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile)];
+                acc_5_1 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 1];
+                acc_5_2 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 2];
+                acc_5_3 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 3];
+                acc_5_4 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 4];
+                acc_5_5 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 5];
+                acc_5_6 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 6];
+                acc_5_7 += attn[dh*(i + n*(b*heads + h)) + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)] * out_dY_panel[8*i + 8*n*(b + batch*m_tile) + 7];
             }
         }
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
-        dWo[dm*(dh*h + (4*c_tile < dh - 1 ? 4*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile] = acc_1_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 1 ? dh - 1 : 4*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile] = acc_2_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 2 ? dh - 1 : 4*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile] = acc_3_0;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dWo[dm*(dh*h + (dh - 1 < 4*c_tile + 3 ? dh - 1 : 4*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile] = acc_0_0;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 1] = acc_0_1;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 2] = acc_0_2;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 3] = acc_0_3;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 4] = acc_0_4;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 5] = acc_0_5;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 6] = acc_0_6;
+        dWo[dm*(dh*h + (6*c_tile < dh - 1 ? 6*c_tile : dh - 1)) + 8*m_tile + 7] = acc_0_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile] = acc_1_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 1 ? dh - 1 : 6*c_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile] = acc_2_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 2 ? dh - 1 : 6*c_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile] = acc_3_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 3 ? dh - 1 : 6*c_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile] = acc_4_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 4 ? dh - 1 : 6*c_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile] = acc_5_0;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        dWo[dm*(dh*h + (dh - 1 < 6*c_tile + 5 ? dh - 1 : 6*c_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
 }
 
@@ -8628,12 +13173,27 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8715,12 +13275,27 @@ __global__ void block_bwd_composed_f32_attn_delta(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8806,12 +13381,27 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -8909,12 +13499,27 @@ __global__ void block_bwd_composed_f32_attn_dK(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9009,12 +13614,27 @@ __global__ void block_bwd_composed_f32_attn_dV(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9099,12 +13719,27 @@ __global__ void block_bwd_composed_f32_norm1_apply_z(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9178,12 +13813,27 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9258,12 +13908,27 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9338,12 +14003,27 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9360,6 +14040,303 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     for (int64_t c = 0; c < dh; ++c) {
         for (int64_t m = 0; m < dm; ++m) {
             qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
+        }
+    }
+}
+
+/* qkv.dX.pack_WqT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
+/* qkv.dX.pack_WkT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
+/* qkv.dX.pack_WvT: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+ *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+ *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
+            }
         }
     }
 }
@@ -9420,12 +14397,27 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9440,7 +14432,7 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     if (tid >= batch*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -9473,74 +14465,122 @@ __global__ void block_bwd_composed_f32_qkv_dX(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile];
-                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WqT[dm*(c + dh*h) + 8*m_tile + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WkT[dm*(c + dh*h) + 8*m_tile + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * qkv_WvT[dm*(c + dh*h) + 8*m_tile + 7];
+                acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-        dxn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = acc_1_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = acc_2_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = acc_3_0;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-        dxn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
     }
 }
 
@@ -9600,12 +14640,27 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9630,6 +14685,105 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
             heads_sum += gw;
         }
         dxn1[dm*(b*n + i) + m] = heads_sum;
+    }
+}
+
+/* qkv.dWq.pack_dQ: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -9687,12 +14841,27 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9707,7 +14876,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -9740,74 +14909,122 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dQ[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWq[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -9865,12 +15082,27 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9895,6 +15127,105 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
             batches += xg;
         }
         dWq[c + dh*(h + heads*m)] = batches;
+    }
+}
+
+/* qkv.dWk.pack_dK: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -9952,12 +15283,27 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -9972,7 +15318,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -10005,74 +15351,122 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dK[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWk[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -10130,12 +15524,27 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10160,6 +15569,105 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
             batches += xg;
         }
         dWk[c + dh*(h + heads*m)] = batches;
+    }
+}
+
+/* qkv.dWv.pack_dV: from the DNF
+ * stage qkv: qkv_proj_bwd tiled
+ * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+ */
+__global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                }
+            }
+        }
     }
 }
 
@@ -10217,12 +15725,27 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10237,7 +15760,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     if (tid >= heads*((dh) / 8)) return;
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8)));
-    for (int64_t m_tile = 0; m_tile < ((dm + 3) / 4); ++m_tile) {
+    for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -10270,74 +15793,122 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_0_1 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_0_2 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_0_3 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_0_4 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_0_5 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_0_6 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_0_7 += xn1[dm*(b*n + i) + (4*m_tile < dm - 1 ? 4*m_tile : dm - 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
-                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h))];
-                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 1];
-                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 2];
-                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 3];
-                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 4];
-                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 5];
-                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 6];
-                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)] * dV[8*c_tile + dh*(i + n*(b*heads + h)) + 7];
+                acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
             }
         }
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1))] = acc_0_0;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 1] = acc_0_1;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 2] = acc_0_2;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 3] = acc_0_3;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 4] = acc_0_4;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 5] = acc_0_5;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 6] = acc_0_6;
-        dWv[8*c_tile + dh*(h + heads*(4*m_tile < dm - 1 ? 4*m_tile : dm - 1)) + 7] = acc_0_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1))] = acc_1_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 1] = acc_1_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 2] = acc_1_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 3] = acc_1_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 4] = acc_1_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 5] = acc_1_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 6] = acc_1_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 1 ? dm - 1 : 4*m_tile + 1)) + 7] = acc_1_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2))] = acc_2_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 1] = acc_2_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 2] = acc_2_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 3] = acc_2_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 4] = acc_2_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 5] = acc_2_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 6] = acc_2_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 2 ? dm - 1 : 4*m_tile + 2)) + 7] = acc_2_7;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3))] = acc_3_0;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 1] = acc_3_1;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 2] = acc_3_2;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 3] = acc_3_3;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 4] = acc_3_4;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 5] = acc_3_5;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 6] = acc_3_6;
-        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 4*m_tile + 3 ? dm - 1 : 4*m_tile + 3)) + 7] = acc_3_7;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+        dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+        dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -10395,12 +15966,27 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10488,12 +16074,27 @@ __global__ void block_bwd_composed_f32_norm1_dx(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10576,12 +16177,27 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10665,12 +16281,27 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10746,12 +16377,27 @@ __global__ void block_bwd_composed_f32_add1_y(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10823,12 +16469,27 @@ extern "C" int block_bwd_composed_f32(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
     float *__restrict__ norm2_dweight_part,
     float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
     float *__restrict__ attn_delta,
     float *__restrict__ qkv_WqT,
     float *__restrict__ qkv_WkT,
     float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
     float *__restrict__ norm1_dweight_part,
     int64_t batch,
     int64_t n,
@@ -10843,336 +16504,441 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f32_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f32_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f32_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dff) / 8);
+        block_bwd_composed_f32_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm2_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f32_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f32_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f32_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_bwd_composed_f32_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dm) / 8);
         block_bwd_composed_f32_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dh*heads;
         block_bwd_composed_f32_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_bwd_composed_f32_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_bwd_composed_f32_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f32_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f32_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_bwd_composed_f32_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm1_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f32_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f32_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }

@@ -11,9 +11,12 @@ contains
   subroutine block_bwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
           & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, &
-                  & out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, &
-                      & dm, heads, dh, dff, scale) &
+              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, &
+                  & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, &
+                      & mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, &
+                          & attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, &
+                              & qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, &
+                                  & norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
       bind(C, name="block_bwd_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: scale
@@ -66,20 +69,37 @@ contains
     real(c_double), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_WuT(0:dff * dm - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
+    real(c_double), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
+    real(c_double), intent(out) :: mlp_WuT_panel(0:((dm) / 8) * dff * 8 - 1)
+    real(c_double), intent(out) :: mlp_dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
+    real(c_double), intent(out) :: mlp_dV_panel(0:((dff) / 8) * batch * n * 8 - 1)
+    real(c_double), intent(out) :: mlp_dF_panel(0:((dm) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: norm2_dweight_part(0:16 * dm - 1)
     real(c_double), intent(out) :: out_WoT(0:heads * dm * dh - 1)
+    real(c_double), intent(out) :: out_WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: out_dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: attn_delta(0:batch * heads * n - 1)
     real(c_double), intent(out) :: qkv_WqT(0:heads * dh * dm - 1)
     real(c_double), intent(out) :: qkv_WkT(0:heads * dh * dm - 1)
     real(c_double), intent(out) :: qkv_WvT(0:heads * dh * dm - 1)
+    real(c_double), intent(out) :: qkv_WqT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_double), intent(out) :: qkv_WkT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_double), intent(out) :: qkv_WvT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_double), intent(out) :: qkv_dQ_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
+    real(c_double), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
+    real(c_double), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_double), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, i_tile, c_tile, p, m, h, m_tile, j
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, p, m, h, m_tile, j
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
             & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, dfw, xu, t, dug, batch_g, &
-                    & xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, &
-                        & qk, dov, t2, t3, heads_sum, gw, xg
+                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
+                            & batch_g, xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, &
+                                & batches, oy, rowdot, qk, dov, t2, t3, heads_sum, gw, xg
 
     ! norm2_apply.z: from the DNF
     ! stage norm2_apply: rmsnorm_apply dnf
@@ -103,147 +123,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dH.pack_WdT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dH: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -264,137 +364,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.V.pack_Wu: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.V: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -462,180 +652,290 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dX.pack_WgT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.dX.pack_WuT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dX: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
     !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + dm*e)
-            acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 1) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 2) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 3) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 4) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 5) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 6) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 7) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
+                      & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1))) = acc_0_0
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 1) = acc_0_1
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 2) = acc_0_2
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 3) = acc_0_3
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 4) = acc_0_4
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 5) = acc_0_5
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 6) = acc_0_6
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 7) = acc_0_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1))) = acc_1_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2))) = acc_2_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3))) = acc_3_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
         end do
       end do
     end do
@@ -658,6 +958,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWg.pack_dU: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
+                & lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWg: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
@@ -665,9 +980,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
-      do c_tile = 0, ((dm + 3) / 4) - 1
+      do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
         acc_0_1 = 0.0_c_double
         acc_0_2 = 0.0_c_double
@@ -700,108 +1016,172 @@ contains
         acc_3_5 = 0.0_c_double
         acc_3_6 = 0.0_c_double
         acc_3_7 = 0.0_c_double
+        acc_4_0 = 0.0_c_double
+        acc_4_1 = 0.0_c_double
+        acc_4_2 = 0.0_c_double
+        acc_4_3 = 0.0_c_double
+        acc_4_4 = 0.0_c_double
+        acc_4_5 = 0.0_c_double
+        acc_4_6 = 0.0_c_double
+        acc_4_7 = 0.0_c_double
+        acc_5_0 = 0.0_c_double
+        acc_5_1 = 0.0_c_double
+        acc_5_2 = 0.0_c_double
+        acc_5_3 = 0.0_c_double
+        acc_5_4 = 0.0_c_double
+        acc_5_5 = 0.0_c_double
+        acc_5_6 = 0.0_c_double
+        acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -823,6 +1203,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWu.pack_dV: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
+                & lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWu: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
@@ -830,9 +1225,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
-      do c_tile = 0, ((dm + 3) / 4) - 1
+      do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
         acc_0_1 = 0.0_c_double
         acc_0_2 = 0.0_c_double
@@ -865,108 +1261,172 @@ contains
         acc_3_5 = 0.0_c_double
         acc_3_6 = 0.0_c_double
         acc_3_7 = 0.0_c_double
+        acc_4_0 = 0.0_c_double
+        acc_4_1 = 0.0_c_double
+        acc_4_2 = 0.0_c_double
+        acc_4_3 = 0.0_c_double
+        acc_4_4 = 0.0_c_double
+        acc_4_5 = 0.0_c_double
+        acc_4_6 = 0.0_c_double
+        acc_4_7 = 0.0_c_double
+        acc_5_0 = 0.0_c_double
+        acc_5_1 = 0.0_c_double
+        acc_5_2 = 0.0_c_double
+        acc_5_3 = 0.0_c_double
+        acc_5_4 = 0.0_c_double
+        acc_5_5 = 0.0_c_double
+        acc_5_6 = 0.0_c_double
+        acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -1001,6 +1461,20 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWd.pack_dF: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWd: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
@@ -1008,9 +1482,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do c_tile = 0, ((dm) / 8) - 1
-      do e_tile = 0, ((dff + 3) / 4) - 1
+      do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_double
         acc_0_1 = 0.0_c_double
         acc_0_2 = 0.0_c_double
@@ -1043,108 +1518,172 @@ contains
         acc_3_5 = 0.0_c_double
         acc_3_6 = 0.0_c_double
         acc_3_7 = 0.0_c_double
+        acc_4_0 = 0.0_c_double
+        acc_4_1 = 0.0_c_double
+        acc_4_2 = 0.0_c_double
+        acc_4_3 = 0.0_c_double
+        acc_4_4 = 0.0_c_double
+        acc_4_5 = 0.0_c_double
+        acc_4_6 = 0.0_c_double
+        acc_4_7 = 0.0_c_double
+        acc_5_0 = 0.0_c_double
+        acc_5_1 = 0.0_c_double
+        acc_5_2 = 0.0_c_double
+        acc_5_3 = 0.0_c_double
+        acc_5_4 = 0.0_c_double
+        acc_5_5 = 0.0_c_double
+        acc_5_6 = 0.0_c_double
+        acc_5_7 = 0.0_c_double
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
+            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1)) = acc_0_0
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 1) = acc_0_1
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 2) = acc_0_2
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 3) = acc_0_3
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 4) = acc_0_4
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 5) = acc_0_5
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 6) = acc_0_6
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 7) = acc_0_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1)) = acc_1_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 1) = acc_1_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 2) = acc_1_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 3) = acc_1_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 4) = acc_1_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 5) = acc_1_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 6) = acc_1_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 7) = acc_1_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2)) = acc_2_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 1) = acc_2_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 2) = acc_2_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 3) = acc_2_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 4) = acc_2_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 5) = acc_2_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 6) = acc_2_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 7) = acc_2_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3)) = acc_3_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 1) = acc_3_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 2) = acc_3_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 3) = acc_3_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 4) = acc_3_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 5) = acc_3_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 6) = acc_3_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 7) = acc_3_7
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 1) = acc_0_1
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 2) = acc_0_2
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 3) = acc_0_3
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 4) = acc_0_4
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 5) = acc_0_5
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 6) = acc_0_6
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 7) = acc_0_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1)) = acc_1_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 1) = acc_1_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 2) = acc_1_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 3) = acc_1_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 4) = acc_1_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 5) = acc_1_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 6) = acc_1_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 7) = acc_1_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2)) = acc_2_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 1) = acc_2_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 2) = acc_2_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 3) = acc_2_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 4) = acc_2_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 5) = acc_2_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 6) = acc_2_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 7) = acc_2_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3)) = acc_3_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 1) = acc_3_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 2) = acc_3_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 3) = acc_3_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 4) = acc_3_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 5) = acc_3_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 6) = acc_3_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 7) = acc_3_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4)) = acc_4_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 1) = acc_4_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 2) = acc_4_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 3) = acc_4_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 4) = acc_4_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 5) = acc_4_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 6) = acc_4_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 7) = acc_4_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5)) = acc_5_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 1) = acc_5_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 2) = acc_5_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 3) = acc_5_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 4) = acc_5_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 5) = acc_5_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 6) = acc_5_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -1251,6 +1790,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.dO.pack_WoT: from the DNF
+    ! stage out: out_proj_bwd tiled
+    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
+                & dh*(dm*h + m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.dO: from the DNF
     ! stage out: out_proj_bwd tiled
     ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -1258,11 +1812,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -1295,105 +1850,169 @@ contains
             acc_3_5 = 0.0_c_double
             acc_3_6 = 0.0_c_double
             acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m))
-              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 1)
-              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 2)
-              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 3)
-              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 4)
-              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 5)
-              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 6)
-              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 7)
-              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
-              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
-              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
+              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -1417,6 +2036,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.dWo.pack_dY: from the DNF
+    ! stage out: out_proj_bwd tiled
+    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.dWo: from the DNF
     ! stage out: out_proj_bwd tiled
     ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -1424,10 +2058,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do c_tile = 0, ((dh + 3) / 4) - 1
+        do c_tile = 0, ((dh + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -1460,108 +2095,172 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_0_1 = acc_0_1 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_1_1 = acc_1_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_2_1 = acc_2_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_3_1 = acc_3_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_0_1 = acc_0_1 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_1_1 = acc_1_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_2_1 = acc_2_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_3_1 = acc_3_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_4_1 = acc_4_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_5_1 = acc_5_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
             end do
           end do
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile) = acc_0_0
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 1) = acc_0_1
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 2) = acc_0_2
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 3) = acc_0_3
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 4) = acc_0_4
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 5) = acc_0_5
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 6) = acc_0_6
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 7) = acc_0_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile) = acc_1_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile) = acc_2_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile) = acc_3_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile) = acc_0_0
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 1) = acc_0_1
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 2) = acc_0_2
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 3) = acc_0_3
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 4) = acc_0_4
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 5) = acc_0_5
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 6) = acc_0_6
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 7) = acc_0_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile) = acc_1_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile) = acc_2_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile) = acc_3_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile) = acc_4_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile) = acc_5_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -1760,6 +2459,57 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dX.pack_WqT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! qkv.dX.pack_WkT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! qkv.dX.pack_WvT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dX: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -1769,10 +2519,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
+        do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -1805,204 +2556,316 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile)
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 1) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 2) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 3) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 4) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 5) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 6) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 7) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile) = acc_0_0
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile) = acc_1_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile) = acc_2_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile) = acc_3_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -2031,6 +2894,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWq.pack_dQ: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWq: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -2038,10 +2918,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -2074,108 +2955,172 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -2200,6 +3145,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWk.pack_dK: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWk: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -2207,10 +3169,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -2243,108 +3206,172 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -2369,6 +3396,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWv.pack_dV: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWv: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -2376,10 +3420,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -2412,108 +3457,172 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -2615,9 +3724,12 @@ contains
   subroutine block_bwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
           & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, norm2_dweight_part, &
-                  & out_WoT, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, norm1_dweight_part, batch, n, &
-                      & dm, heads, dh, dff, scale) &
+              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, &
+                  & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, &
+                      & mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, &
+                          & attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, &
+                              & qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, &
+                                  & norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
       bind(C, name="block_bwd_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: scale
@@ -2670,20 +3782,37 @@ contains
     real(c_float), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_WuT(0:dff * dm - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
+    real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
+    real(c_float), intent(out) :: mlp_WuT_panel(0:((dm) / 8) * dff * 8 - 1)
+    real(c_float), intent(out) :: mlp_dU_panel(0:((dff) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: mlp_dV_panel(0:((dff) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: mlp_dF_panel(0:((dm) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: norm2_dweight_part(0:16 * dm - 1)
     real(c_float), intent(out) :: out_WoT(0:heads * dm * dh - 1)
+    real(c_float), intent(out) :: out_WoT_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: out_dY_panel(0:((dm) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: attn_delta(0:batch * heads * n - 1)
     real(c_float), intent(out) :: qkv_WqT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WkT(0:heads * dh * dm - 1)
     real(c_float), intent(out) :: qkv_WvT(0:heads * dh * dm - 1)
+    real(c_float), intent(out) :: qkv_WqT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_float), intent(out) :: qkv_WkT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_float), intent(out) :: qkv_WvT_panel(0:((dm) / 8) * heads * dh * 8 - 1)
+    real(c_float), intent(out) :: qkv_dQ_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: qkv_dK_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
+    real(c_float), intent(out) :: qkv_dV_panel(0:heads * ((dh) / 8) * batch * n * 8 - 1)
     real(c_float), intent(out) :: norm1_dweight_part(0:16 * dm - 1)
-    integer(c_int64_t) :: b, i, c, e, e_tile, i_tile, c_tile, p, m, h, m_tile, j
+    integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, p, m, h, m_tile, j
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
             & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, dfw, xu, t, dug, batch_g, &
-                    & xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, &
-                        & qk, dov, t2, t3, heads_sum, gw, xg
+                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
+                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
+                            & batch_g, xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, &
+                                & batches, oy, rowdot, qk, dov, t2, t3, heads_sum, gw, xg
 
     ! norm2_apply.z: from the DNF
     ! stage norm2_apply: rmsnorm_apply dnf
@@ -2707,147 +3836,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dH.pack_WdT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dH: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(4*i_tile, n - 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile)
-            acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * mlp_WdT(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + dy(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_WdT_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + dy(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_WdT_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_dH(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_dH(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_dH(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_dH(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -2868,137 +4077,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.V.pack_Wu: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.V: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_V(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_V(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          mlp_V(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          mlp_V(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -3066,180 +4365,290 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dX.pack_WgT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.dX.pack_WuT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+    !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dX: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
     !               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + dm*e)
-            acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 1) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 1)
-            acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 2) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 2)
-            acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 3) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 3)
-            acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 4) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 4)
-            acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 5) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 5)
-            acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 6) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 6)
-            acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WgT(8*c_tile + &
-                & dm*e + 7) + mlp_dV(dff*(b*n + min(4*i_tile, n - 1)) + e) * mlp_WuT(8*c_tile + &
-                    & dm*e + 7)
-            acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
-            acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
-            acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                    & mlp_WuT(8*c_tile + dm*e)
-            acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 1)
-            acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 2)
-            acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 3)
-            acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 4)
-            acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 5)
-            acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 6)
-            acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * &
-                & mlp_WgT(8*c_tile + dm*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) &
-                    & * mlp_WuT(8*c_tile + dm*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
+                      & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
+                      & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
+                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dxn2(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1))) = acc_0_0
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 1) = acc_0_1
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 2) = acc_0_2
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 3) = acc_0_3
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 4) = acc_0_4
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 5) = acc_0_5
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 6) = acc_0_6
-          dxn2(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 7) = acc_0_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1))) = acc_1_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2))) = acc_2_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3))) = acc_3_0
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-          dxn2(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
         end do
       end do
     end do
@@ -3262,6 +4671,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWg.pack_dU: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
+                & lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWg: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
@@ -3269,9 +4693,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
-      do c_tile = 0, ((dm + 3) / 4) - 1
+      do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
         acc_0_2 = 0.0_c_float
@@ -3304,108 +4729,172 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_4_0 = 0.0_c_float
+        acc_4_1 = 0.0_c_float
+        acc_4_2 = 0.0_c_float
+        acc_4_3 = 0.0_c_float
+        acc_4_4 = 0.0_c_float
+        acc_4_5 = 0.0_c_float
+        acc_4_6 = 0.0_c_float
+        acc_4_7 = 0.0_c_float
+        acc_5_0 = 0.0_c_float
+        acc_5_1 = 0.0_c_float
+        acc_5_2 = 0.0_c_float
+        acc_5_3 = 0.0_c_float
+        acc_5_4 = 0.0_c_float
+        acc_5_5 = 0.0_c_float
+        acc_5_6 = 0.0_c_float
+        acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dU(dff*(b*n + i) &
-                & + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dU(dff*(b*n + &
-                & i) + 8*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWg(dff*min(4*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWg(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWg(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWg(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
+        dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
+        dWg(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
+        dWg(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
+        dWg(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
+        dWg(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
+        dWg(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -3427,6 +4916,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWu.pack_dV: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
+                & lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWu: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
@@ -3434,9 +4938,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do e_tile = 0, ((dff) / 8) - 1
-      do c_tile = 0, ((dm + 3) / 4) - 1
+      do c_tile = 0, ((dm + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
         acc_0_2 = 0.0_c_float
@@ -3469,108 +4974,172 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_4_0 = 0.0_c_float
+        acc_4_1 = 0.0_c_float
+        acc_4_2 = 0.0_c_float
+        acc_4_3 = 0.0_c_float
+        acc_4_4 = 0.0_c_float
+        acc_4_5 = 0.0_c_float
+        acc_4_6 = 0.0_c_float
+        acc_4_7 = 0.0_c_float
+        acc_5_0 = 0.0_c_float
+        acc_5_1 = 0.0_c_float
+        acc_5_2 = 0.0_c_float
+        acc_5_3 = 0.0_c_float
+        acc_5_4 = 0.0_c_float
+        acc_5_5 = 0.0_c_float
+        acc_5_6 = 0.0_c_float
+        acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(4*c_tile, dm - 1)) * mlp_dV(dff*(b*n + i) &
-                & + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 1)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 2)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 4*c_tile + 3)) * mlp_dV(dff*(b*n + &
-                & i) + 8*e_tile + 7)
+            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile))
+            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 1)
+            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 2)
+            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 3)
+            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 4)
+            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 5)
+            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 6)
+            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+                & 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
+                & + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile) = acc_0_0
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
-        dWu(dff*min(4*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile) = acc_1_0
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 1) = acc_1_1
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 2) = acc_1_2
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 3) = acc_1_3
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 4) = acc_1_4
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 5) = acc_1_5
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 6) = acc_1_6
-        dWu(dff*min(dm - 1, 4*c_tile + 1) + 8*e_tile + 7) = acc_1_7
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile) = acc_2_0
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 1) = acc_2_1
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 2) = acc_2_2
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 3) = acc_2_3
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 4) = acc_2_4
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 5) = acc_2_5
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 6) = acc_2_6
-        dWu(dff*min(dm - 1, 4*c_tile + 2) + 8*e_tile + 7) = acc_2_7
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile) = acc_3_0
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 1) = acc_3_1
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 2) = acc_3_2
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 3) = acc_3_3
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 4) = acc_3_4
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 5) = acc_3_5
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 6) = acc_3_6
-        dWu(dff*min(dm - 1, 4*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 1) = acc_0_1
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 2) = acc_0_2
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 3) = acc_0_3
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 4) = acc_0_4
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 5) = acc_0_5
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 6) = acc_0_6
+        dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile + 7) = acc_0_7
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile) = acc_1_0
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 1) = acc_1_1
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 2) = acc_1_2
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 3) = acc_1_3
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 4) = acc_1_4
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 5) = acc_1_5
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 6) = acc_1_6
+        dWu(dff*min(dm - 1, 6*c_tile + 1) + 8*e_tile + 7) = acc_1_7
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile) = acc_2_0
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 1) = acc_2_1
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 2) = acc_2_2
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 3) = acc_2_3
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 4) = acc_2_4
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 5) = acc_2_5
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 6) = acc_2_6
+        dWu(dff*min(dm - 1, 6*c_tile + 2) + 8*e_tile + 7) = acc_2_7
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile) = acc_3_0
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 1) = acc_3_1
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 2) = acc_3_2
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 3) = acc_3_3
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 4) = acc_3_4
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 5) = acc_3_5
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 6) = acc_3_6
+        dWu(dff*min(dm - 1, 6*c_tile + 3) + 8*e_tile + 7) = acc_3_7
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile) = acc_4_0
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 1) = acc_4_1
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 2) = acc_4_2
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 3) = acc_4_3
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 4) = acc_4_4
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 5) = acc_4_5
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 6) = acc_4_6
+        dWu(dff*min(dm - 1, 6*c_tile + 4) + 8*e_tile + 7) = acc_4_7
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile) = acc_5_0
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 1) = acc_5_1
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 2) = acc_5_2
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 3) = acc_5_3
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 4) = acc_5_4
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 5) = acc_5_5
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 6) = acc_5_6
+        dWu(dff*min(dm - 1, 6*c_tile + 5) + 8*e_tile + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -3605,6 +5174,20 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.dWd.pack_dF: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWd: from the DNF
     ! stage mlp: mlp_bwd tiled
     ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
@@ -3612,9 +5195,10 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do c_tile = 0, ((dm) / 8) - 1
-      do e_tile = 0, ((dff + 3) / 4) - 1
+      do e_tile = 0, ((dff + 5) / 6) - 1
         acc_0_0 = 0.0_c_float
         acc_0_1 = 0.0_c_float
         acc_0_2 = 0.0_c_float
@@ -3647,108 +5231,172 @@ contains
         acc_3_5 = 0.0_c_float
         acc_3_6 = 0.0_c_float
         acc_3_7 = 0.0_c_float
+        acc_4_0 = 0.0_c_float
+        acc_4_1 = 0.0_c_float
+        acc_4_2 = 0.0_c_float
+        acc_4_3 = 0.0_c_float
+        acc_4_4 = 0.0_c_float
+        acc_4_5 = 0.0_c_float
+        acc_4_6 = 0.0_c_float
+        acc_4_7 = 0.0_c_float
+        acc_5_0 = 0.0_c_float
+        acc_5_1 = 0.0_c_float
+        acc_5_2 = 0.0_c_float
+        acc_5_3 = 0.0_c_float
+        acc_5_4 = 0.0_c_float
+        acc_5_5 = 0.0_c_float
+        acc_5_6 = 0.0_c_float
+        acc_5_7 = 0.0_c_float
         !GCC$ novector
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(4*e_tile, dff - 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 1)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 2)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i))
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 4*e_tile + 3)) * dy(8*c_tile + &
-                & dm*(b*n + i) + 7)
+            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile))
+            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 1)
+            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 2)
+            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 3)
+            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 4)
+            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 5)
+            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 6)
+            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+                & + 8*n*(b + batch*c_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
+            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+                & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1)) = acc_0_0
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 1) = acc_0_1
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 2) = acc_0_2
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 3) = acc_0_3
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 4) = acc_0_4
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 5) = acc_0_5
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 6) = acc_0_6
-        dWd(8*c_tile + dm*min(4*e_tile, dff - 1) + 7) = acc_0_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1)) = acc_1_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 1) = acc_1_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 2) = acc_1_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 3) = acc_1_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 4) = acc_1_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 5) = acc_1_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 6) = acc_1_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 1) + 7) = acc_1_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2)) = acc_2_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 1) = acc_2_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 2) = acc_2_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 3) = acc_2_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 4) = acc_2_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 5) = acc_2_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 6) = acc_2_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 2) + 7) = acc_2_7
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3)) = acc_3_0
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 1) = acc_3_1
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 2) = acc_3_2
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 3) = acc_3_3
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 4) = acc_3_4
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 5) = acc_3_5
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 6) = acc_3_6
-        dWd(8*c_tile + dm*min(dff - 1, 4*e_tile + 3) + 7) = acc_3_7
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1)) = acc_0_0
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 1) = acc_0_1
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 2) = acc_0_2
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 3) = acc_0_3
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 4) = acc_0_4
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 5) = acc_0_5
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 6) = acc_0_6
+        dWd(8*c_tile + dm*min(6*e_tile, dff - 1) + 7) = acc_0_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1)) = acc_1_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 1) = acc_1_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 2) = acc_1_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 3) = acc_1_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 4) = acc_1_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 5) = acc_1_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 6) = acc_1_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 1) + 7) = acc_1_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2)) = acc_2_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 1) = acc_2_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 2) = acc_2_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 3) = acc_2_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 4) = acc_2_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 5) = acc_2_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 6) = acc_2_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 2) + 7) = acc_2_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3)) = acc_3_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 1) = acc_3_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 2) = acc_3_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 3) = acc_3_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 4) = acc_3_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 5) = acc_3_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 6) = acc_3_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 3) + 7) = acc_3_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4)) = acc_4_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 1) = acc_4_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 2) = acc_4_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 3) = acc_4_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 4) = acc_4_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 5) = acc_4_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 6) = acc_4_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 4) + 7) = acc_4_7
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5)) = acc_5_0
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 1) = acc_5_1
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 2) = acc_5_2
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 3) = acc_5_3
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 4) = acc_5_4
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 5) = acc_5_5
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 6) = acc_5_6
+        dWd(8*c_tile + dm*min(dff - 1, 6*e_tile + 5) + 7) = acc_5_7
       end do
     end do
     !$omp end parallel do
@@ -3855,6 +5503,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.dO.pack_WoT: from the DNF
+    ! stage out: out_proj_bwd tiled
+    ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
+                & dh*(dm*h + m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.dO: from the DNF
     ! stage out: out_proj_bwd tiled
     ! dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -3862,11 +5525,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -3899,105 +5563,169 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m))
-              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 1)
-              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 2)
-              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 3)
-              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 4)
-              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 5)
-              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 6)
-              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(4*i_tile, n - 1)) + m) * out_WoT(8*c_tile &
-                  & + dh*(dm*h + m) + 7)
-              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
-              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
-              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m))
-              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 1)
-              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 2)
-              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 3)
-              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 4)
-              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 5)
-              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 6)
-              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * &
-                  & out_WoT(8*c_tile + dh*(dm*h + m) + 7)
+              acc_0_0 = acc_0_0 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + dresid(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + dresid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            dattn(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -4021,6 +5749,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.dWo.pack_dY: from the DNF
+    ! stage out: out_proj_bwd tiled
+    ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+    !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do b = 0, batch - 1
+        do i = 0, n - 1
+          do lane = 0, 7
+            out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.dWo: from the DNF
     ! stage out: out_proj_bwd tiled
     ! dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -4028,10 +5771,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do c_tile = 0, ((dh + 3) / 4) - 1
+        do c_tile = 0, ((dh + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4064,108 +5808,172 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_0_1 = acc_0_1 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + attn(dh*(i + n*(b*heads + h)) + min(4*c_tile, dh - 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_1_1 = acc_1_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 1)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_2_1 = acc_2_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 2)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile)
-              acc_3_1 = acc_3_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 4*c_tile + 3)) * &
-                  & dresid(dm*(b*n + i) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_0_1 = acc_0_1 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(dh*(i + n*(b*heads + h)) + min(6*c_tile, dh - 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_1_1 = acc_1_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 1)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_2_1 = acc_2_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 2)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_3_1 = acc_3_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 3)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_4_1 = acc_4_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 4)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile))
+              acc_5_1 = acc_5_1 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(dh*(i + n*(b*heads + h)) + min(dh - 1, 6*c_tile + 5)) * &
+                  & out_dY_panel(8*i + 8*n*(b + batch*m_tile) + 7)
             end do
           end do
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile) = acc_0_0
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 1) = acc_0_1
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 2) = acc_0_2
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 3) = acc_0_3
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 4) = acc_0_4
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 5) = acc_0_5
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 6) = acc_0_6
-          dWo(dm*(dh*h + min(4*c_tile, dh - 1)) + 8*m_tile + 7) = acc_0_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile) = acc_1_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile) = acc_2_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile) = acc_3_0
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dWo(dm*(dh*h + min(dh - 1, 4*c_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile) = acc_0_0
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 1) = acc_0_1
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 2) = acc_0_2
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 3) = acc_0_3
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 4) = acc_0_4
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 5) = acc_0_5
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 6) = acc_0_6
+          dWo(dm*(dh*h + min(6*c_tile, dh - 1)) + 8*m_tile + 7) = acc_0_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile) = acc_1_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile) = acc_2_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile) = acc_3_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile) = acc_4_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile) = acc_5_0
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          dWo(dm*(dh*h + min(dh - 1, 6*c_tile + 5)) + 8*m_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -4364,6 +6172,57 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dX.pack_WqT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! qkv.dX.pack_WkT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! qkv.dX.pack_WvT: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+    !               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+    !               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
+                & 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dX: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -4373,10 +6232,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
+        do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4409,204 +6269,316 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile)
-              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(4*i_tile, n - 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * qkv_WvT(dm*(c + dh*h) &
-                              & + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 1))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 2))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile) + dK(c + dh*(n*(b*heads + h) + min(n - 1, &
-                      & 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile)
-              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 1) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 1) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 2) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 2) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 3) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 3) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 4) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 4) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 5) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 5) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 6) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 6) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & qkv_WqT(dm*(c + dh*h) + 8*m_tile + 7) + dK(c + dh*(n*(b*heads + h) + min(n - &
-                      & 1, 4*i_tile + 3))) * qkv_WkT(dm*(c + dh*h) + 8*m_tile + 7) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * qkv_WvT(dm*(c + &
-                              & dh*h) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 1) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 2) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 3) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 4) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 5) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 6) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                          & 7) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
+                      & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
+                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
+                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
+                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
+                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile) = acc_0_0
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
-          dxn1(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile) = acc_1_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile) = acc_2_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile) = acc_3_0
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
-          dxn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          dxn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
         end do
       end do
     end do
@@ -4635,6 +6607,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWq.pack_dQ: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWq: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -4642,10 +6631,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4678,108 +6668,172 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dQ(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dQ(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dQ_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dQ_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWq(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWq(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWq(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -4804,6 +6858,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWk.pack_dK: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWk: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -4811,10 +6882,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -4847,108 +6919,172 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dK(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dK(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dK_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dK_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWk(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWk(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWk(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do
@@ -4973,6 +7109,23 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.dWv.pack_dV: from the DNF
+    ! stage qkv: qkv_proj_bwd tiled
+    ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do b = 0, batch - 1
+          do i = 0, n - 1
+            do lane = 0, 7
+              qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
+                  & dh*(i + n*(b*heads + h)) + lane)
+            end do
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.dWv: from the DNF
     ! stage qkv: qkv_proj_bwd tiled
     ! dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -4980,10 +7133,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
-        do m_tile = 0, ((dm + 3) / 4) - 1
+        do m_tile = 0, ((dm + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -5016,108 +7170,172 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do b = 0, batch - 1
             !GCC$ novector
             do i = 0, n - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(4*m_tile, dm - 1)) * dV(8*c_tile + dh*(i &
-                  & + n*(b*heads + h)) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 1)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 2)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 4*m_tile + 3)) * dV(8*c_tile + &
-                  & dh*(i + n*(b*heads + h)) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + i) + min(6*m_tile, dm - 1)) * qkv_dV_panel(8*i + &
+                  & 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 1)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 2)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 3)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 4)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))))
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + i) + min(dm - 1, 6*m_tile + 5)) * &
+                  & qkv_dV_panel(8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7)
             end do
           end do
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1))) = acc_0_0
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 1) = acc_0_1
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 2) = acc_0_2
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 3) = acc_0_3
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 4) = acc_0_4
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 5) = acc_0_5
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 6) = acc_0_6
-          dWv(8*c_tile + dh*(h + heads*min(4*m_tile, dm - 1)) + 7) = acc_0_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1))) = acc_1_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 1) = acc_1_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 2) = acc_1_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 3) = acc_1_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 4) = acc_1_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 5) = acc_1_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 6) = acc_1_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 1)) + 7) = acc_1_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2))) = acc_2_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 1) = acc_2_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 2) = acc_2_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 3) = acc_2_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 4) = acc_2_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 5) = acc_2_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 6) = acc_2_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 2)) + 7) = acc_2_7
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3))) = acc_3_0
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 1) = acc_3_1
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 2) = acc_3_2
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 3) = acc_3_3
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 4) = acc_3_4
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 5) = acc_3_5
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 6) = acc_3_6
-          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 4*m_tile + 3)) + 7) = acc_3_7
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1))) = acc_0_0
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 1) = acc_0_1
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 2) = acc_0_2
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 3) = acc_0_3
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 4) = acc_0_4
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 5) = acc_0_5
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 6) = acc_0_6
+          dWv(8*c_tile + dh*(h + heads*min(6*m_tile, dm - 1)) + 7) = acc_0_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1))) = acc_1_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 1) = acc_1_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 2) = acc_1_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 3) = acc_1_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 4) = acc_1_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 5) = acc_1_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 6) = acc_1_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 1)) + 7) = acc_1_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2))) = acc_2_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 1) = acc_2_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 2) = acc_2_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 3) = acc_2_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 4) = acc_2_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 5) = acc_2_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 6) = acc_2_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 2)) + 7) = acc_2_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3))) = acc_3_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 1) = acc_3_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 2) = acc_3_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 3) = acc_3_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 4) = acc_3_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 5) = acc_3_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 6) = acc_3_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 3)) + 7) = acc_3_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4))) = acc_4_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 1) = acc_4_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 2) = acc_4_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 3) = acc_4_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 4) = acc_4_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 5) = acc_4_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 6) = acc_4_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 4)) + 7) = acc_4_7
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5))) = acc_5_0
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 1) = acc_5_1
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 2) = acc_5_2
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 3) = acc_5_3
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 4) = acc_5_4
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 5) = acc_5_5
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 6) = acc_5_6
+          dWv(8*c_tile + dh*(h + heads*min(dm - 1, 6*m_tile + 5)) + 7) = acc_5_7
         end do
       end do
     end do

@@ -36,7 +36,14 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -58,6 +65,64 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     inv_rms1[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
     for (int64_t c = 0; c < dm; ++c) {
         xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+    }
+}
+
+/* qkv.Q.pack_Wq: from the DNF
+ * stage qkv: qkv_proj tiled
+ * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+ */
+__global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -89,7 +154,14 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -105,7 +177,7 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -138,72 +210,120 @@ __global__ void block_fwd_composed_f64_qkv_Q(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -235,7 +355,14 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -257,6 +384,64 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
         Q[c + dh*(i + n*(b*heads + h))] = xw;
+    }
+}
+
+/* qkv.K.pack_Wk: from the DNF
+ * stage qkv: qkv_proj tiled
+ * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+ */
+__global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -288,7 +473,14 @@ __global__ void block_fwd_composed_f64_qkv_K(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -304,7 +496,7 @@ __global__ void block_fwd_composed_f64_qkv_K(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -337,72 +529,120 @@ __global__ void block_fwd_composed_f64_qkv_K(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -434,7 +674,14 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -456,6 +703,64 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
         K[c + dh*(i + n*(b*heads + h))] = xw;
+    }
+}
+
+/* qkv.V.pack_Wv: from the DNF
+ * stage qkv: qkv_proj tiled
+ * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+ */
+__global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -487,7 +792,14 @@ __global__ void block_fwd_composed_f64_qkv_V(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -503,7 +815,7 @@ __global__ void block_fwd_composed_f64_qkv_V(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -536,72 +848,120 @@ __global__ void block_fwd_composed_f64_qkv_V(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -633,7 +993,14 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -719,7 +1086,14 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -763,6 +1137,65 @@ __global__ void block_fwd_composed_f64_attn_rows(
     lse[i + n*(b*heads + h)] = row_max + log(row_sum);
 }
 
+/* out.Y.pack_Wo: from the DNF
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void block_fwd_composed_f64_out_Y_pack_Wo(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
 /* out.Y: from the DNF
  * stage out: out_proj tiled
  * Y[b, i, m] = (<b i m> psi R)
@@ -792,7 +1225,14 @@ __global__ void block_fwd_composed_f64_out_Y(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -807,7 +1247,7 @@ __global__ void block_fwd_composed_f64_out_Y(
     if (tid >= batch*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         double acc_0_0 = 0.0;
         double acc_0_1 = 0.0;
         double acc_0_2 = 0.0;
@@ -840,74 +1280,122 @@ __global__ void block_fwd_composed_f64_out_Y(
         double acc_3_5 = 0.0;
         double acc_3_6 = 0.0;
         double acc_3_7 = 0.0;
+        double acc_4_0 = 0.0;
+        double acc_4_1 = 0.0;
+        double acc_4_2 = 0.0;
+        double acc_4_3 = 0.0;
+        double acc_4_4 = 0.0;
+        double acc_4_5 = 0.0;
+        double acc_4_6 = 0.0;
+        double acc_4_7 = 0.0;
+        double acc_5_0 = 0.0;
+        double acc_5_1 = 0.0;
+        double acc_5_2 = 0.0;
+        double acc_5_3 = 0.0;
+        double acc_5_4 = 0.0;
+        double acc_5_5 = 0.0;
+        double acc_5_6 = 0.0;
+        double acc_5_7 = 0.0;
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
+                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
     }
 }
 
@@ -940,7 +1428,14 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -997,7 +1492,14 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1019,6 +1521,62 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     inv_rms2[b*n + i] = rsqrt(sum_sq / (double)dm + eps);
     for (int64_t c = 0; c < dm; ++c) {
         xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+    }
+}
+
+/* mlp.U.pack_Wg: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ */
+__global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -1050,7 +1608,14 @@ __global__ void block_fwd_composed_f64_mlp_U(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1062,108 +1627,158 @@ __global__ void block_fwd_composed_f64_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+            }
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -1195,7 +1810,14 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1216,6 +1838,62 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
         }
         U[dff*(b*n + i) + e] = xg;
+    }
+}
+
+/* mlp.H.pack_Wu: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -1247,7 +1925,14 @@ __global__ void block_fwd_composed_f64_mlp_H(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1259,108 +1944,158 @@ __global__ void block_fwd_composed_f64_mlp_H(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
         }
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
     }
 }
 
@@ -1392,7 +2127,14 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1413,6 +2155,62 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
         mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+    }
+}
+
+/* mlp.F.pack_Wd: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+__global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+        }
     }
 }
 
@@ -1444,7 +2242,14 @@ __global__ void block_fwd_composed_f64_mlp_F(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1456,108 +2261,158 @@ __global__ void block_fwd_composed_f64_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t c_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        double acc_0_0 = 0.0;
-        double acc_0_1 = 0.0;
-        double acc_0_2 = 0.0;
-        double acc_0_3 = 0.0;
-        double acc_0_4 = 0.0;
-        double acc_0_5 = 0.0;
-        double acc_0_6 = 0.0;
-        double acc_0_7 = 0.0;
-        double acc_1_0 = 0.0;
-        double acc_1_1 = 0.0;
-        double acc_1_2 = 0.0;
-        double acc_1_3 = 0.0;
-        double acc_1_4 = 0.0;
-        double acc_1_5 = 0.0;
-        double acc_1_6 = 0.0;
-        double acc_1_7 = 0.0;
-        double acc_2_0 = 0.0;
-        double acc_2_1 = 0.0;
-        double acc_2_2 = 0.0;
-        double acc_2_3 = 0.0;
-        double acc_2_4 = 0.0;
-        double acc_2_5 = 0.0;
-        double acc_2_6 = 0.0;
-        double acc_2_7 = 0.0;
-        double acc_3_0 = 0.0;
-        double acc_3_1 = 0.0;
-        double acc_3_2 = 0.0;
-        double acc_3_3 = 0.0;
-        double acc_3_4 = 0.0;
-        double acc_3_5 = 0.0;
-        double acc_3_6 = 0.0;
-        double acc_3_7 = 0.0;
-        for (int64_t e = 0; e < dff; ++e) {
-            acc_0_0 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e];
-            acc_0_1 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_0_2 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_0_3 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_0_4 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_0_5 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_0_6 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_0_7 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e];
-            acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e];
-            acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e];
-            acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t e = 0; e < dff; ++e) {
+                acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+            }
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
         }
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
     }
 }
 
@@ -1589,7 +2444,14 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1641,7 +2503,14 @@ __global__ void block_fwd_composed_f64_add_y(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1687,7 +2556,14 @@ extern "C" int block_fwd_composed_f64(
     double *__restrict__ xn1,
     double *__restrict__ xn2,
     double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1702,126 +2578,175 @@ extern "C" int block_fwd_composed_f64(
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f64_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f64_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f64_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_fwd_composed_f64_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_fwd_composed_f64_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_fwd_composed_f64_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_fwd_composed_f64_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = ((dm) / 8);
+        block_fwd_composed_f64_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
@@ -1857,7 +2782,14 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1879,6 +2811,64 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     inv_rms1[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
     for (int64_t c = 0; c < dm; ++c) {
         xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+    }
+}
+
+/* qkv.Q.pack_Wq: from the DNF
+ * stage qkv: qkv_proj tiled
+ * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+ */
+__global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -1910,7 +2900,14 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -1926,7 +2923,7 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -1959,72 +2956,120 @@ __global__ void block_fwd_composed_f32_qkv_Q(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wq[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -2056,7 +3101,14 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2078,6 +3130,64 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
             xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
         }
         Q[c + dh*(i + n*(b*heads + h))] = xw;
+    }
+}
+
+/* qkv.K.pack_Wk: from the DNF
+ * stage qkv: qkv_proj tiled
+ * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+ */
+__global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -2109,7 +3219,14 @@ __global__ void block_fwd_composed_f32_qkv_K(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2125,7 +3242,7 @@ __global__ void block_fwd_composed_f32_qkv_K(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -2158,72 +3275,120 @@ __global__ void block_fwd_composed_f32_qkv_K(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wk[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -2255,7 +3420,14 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2277,6 +3449,64 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
             xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
         }
         K[c + dh*(i + n*(b*heads + h))] = xw;
+    }
+}
+
+/* qkv.V.pack_Wv: from the DNF
+ * stage qkv: qkv_proj tiled
+ * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+ */
+__global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= heads) return;
+    const int64_t h = tid;
+    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+            }
+        }
     }
 }
 
@@ -2308,7 +3538,14 @@ __global__ void block_fwd_composed_f32_qkv_V(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2324,7 +3561,7 @@ __global__ void block_fwd_composed_f32_qkv_V(
     const int64_t c_tile = tid % (((dh) / 8));
     const int64_t h = (tid / (((dh) / 8))) % heads;
     const int64_t b = (tid / (heads*((dh) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -2357,72 +3594,120 @@ __global__ void block_fwd_composed_f32_qkv_V(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t m = 0; m < dm; ++m) {
-            acc_0_0 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_0_1 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_0_2 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_0_3 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_0_4 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_0_5 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_0_6 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_0_7 += xn1[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_1_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_1_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_1_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_1_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_1_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_1_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_1_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_1_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_2_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_2_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_2_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_2_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_2_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_2_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_2_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_2_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
-            acc_3_0 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m)];
-            acc_3_1 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 1];
-            acc_3_2 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 2];
-            acc_3_3 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 3];
-            acc_3_4 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 4];
-            acc_3_5 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 5];
-            acc_3_6 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 6];
-            acc_3_7 += xn1[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + m] * Wv[8*c_tile + dh*(h + heads*m) + 7];
+            acc_0_0 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_0_1 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_0_2 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_0_3 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_0_4 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_0_5 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_0_6 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_0_7 += xn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_1_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_1_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_1_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_1_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_1_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_1_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_1_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_1_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_2_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_2_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_2_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_2_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_2_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_2_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_2_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_2_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_3_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_3_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_3_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_3_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_3_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_3_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_3_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_3_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_4_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_4_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_4_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_4_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_4_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_4_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_4_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_4_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+            acc_5_0 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+            acc_5_1 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+            acc_5_2 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+            acc_5_3 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+            acc_5_4 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+            acc_5_5 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+            acc_5_6 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+            acc_5_7 += xn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
         }
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+        V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
     }
 }
 
@@ -2454,7 +3739,14 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2540,7 +3832,14 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2584,6 +3883,65 @@ __global__ void block_fwd_composed_f32_attn_rows(
     lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
 }
 
+/* out.Y.pack_Wo: from the DNF
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void block_fwd_composed_f32_out_Y_pack_Wo(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t m_tile = tid;
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+            }
+        }
+    }
+}
+
 /* out.Y: from the DNF
  * stage out: out_proj tiled
  * Y[b, i, m] = (<b i m> psi R)
@@ -2613,7 +3971,14 @@ __global__ void block_fwd_composed_f32_out_Y(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2628,7 +3993,7 @@ __global__ void block_fwd_composed_f32_out_Y(
     if (tid >= batch*((dm) / 8)) return;
     const int64_t m_tile = tid % (((dm) / 8));
     const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
+    for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
         float acc_0_0 = 0.0f;
         float acc_0_1 = 0.0f;
         float acc_0_2 = 0.0f;
@@ -2661,74 +4026,122 @@ __global__ void block_fwd_composed_f32_out_Y(
         float acc_3_5 = 0.0f;
         float acc_3_6 = 0.0f;
         float acc_3_7 = 0.0f;
+        float acc_4_0 = 0.0f;
+        float acc_4_1 = 0.0f;
+        float acc_4_2 = 0.0f;
+        float acc_4_3 = 0.0f;
+        float acc_4_4 = 0.0f;
+        float acc_4_5 = 0.0f;
+        float acc_4_6 = 0.0f;
+        float acc_4_7 = 0.0f;
+        float acc_5_0 = 0.0f;
+        float acc_5_1 = 0.0f;
+        float acc_5_2 = 0.0f;
+        float acc_5_3 = 0.0f;
+        float acc_5_4 = 0.0f;
+        float acc_5_5 = 0.0f;
+        float acc_5_6 = 0.0f;
+        float acc_5_7 = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
-                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
-                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile];
-                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 1];
-                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 2];
-                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 3];
-                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 4];
-                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 5];
-                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 6];
-                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wo[dm*(c + dh*h) + 8*m_tile + 7];
+                acc_0_0 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_0_1 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_0_2 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_0_3 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_0_4 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_0_5 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_0_6 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_0_7 += attn[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_1_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_1_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_1_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_1_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_1_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_1_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_1_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_1_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_2_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_2_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_2_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_2_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_2_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_2_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_2_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_2_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_3_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_3_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_3_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_3_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_3_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_3_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_3_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_3_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_4_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_4_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_4_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_4_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_4_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_4_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_4_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_4_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                acc_5_0 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile)];
+                acc_5_1 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                acc_5_2 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                acc_5_3 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                acc_5_4 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                acc_5_5 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                acc_5_6 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        resid[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        resid[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
     }
 }
 
@@ -2761,7 +4174,14 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2818,7 +4238,14 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2840,6 +4267,62 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     inv_rms2[b*n + i] = rsqrtf(sum_sq / (float)dm + eps);
     for (int64_t c = 0; c < dm; ++c) {
         xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+    }
+}
+
+/* mlp.U.pack_Wg: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ */
+__global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -2871,7 +4354,14 @@ __global__ void block_fwd_composed_f32_mlp_U(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -2883,108 +4373,158 @@ __global__ void block_fwd_composed_f32_mlp_U(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wg[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wg[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wg[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wg[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wg_panel[8*c + 8*dm*e_tile + 7];
+            }
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
-        U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = acc_1_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = acc_2_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = acc_3_0;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
-        U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
     }
 }
 
@@ -3016,7 +4556,14 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3037,6 +4584,62 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
             xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
         }
         U[dff*(b*n + i) + e] = xg;
+    }
+}
+
+/* mlp.H.pack_Wu: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dff) / 8)) return;
+    const int64_t e_tile = tid;
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+        }
     }
 }
 
@@ -3068,7 +4671,14 @@ __global__ void block_fwd_composed_f32_mlp_H(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3080,108 +4690,158 @@ __global__ void block_fwd_composed_f32_mlp_H(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dff) / 8)) return;
-    const int64_t e_tile = tid % (((dff) / 8));
-    const int64_t b = (tid / (((dff) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t c = 0; c < dm; ++c) {
-            acc_0_0 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile];
-            acc_0_1 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_0_2 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_0_3 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_0_4 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_0_5 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_0_6 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_0_7 += xn2[c + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile];
-            acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 1];
-            acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 2];
-            acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 3];
-            acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 4];
-            acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 5];
-            acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 6];
-            acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] * Wu[c*dff + 8*e_tile + 7];
-            acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile];
-            acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 1];
-            acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 2];
-            acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 3];
-            acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 4];
-            acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 5];
-            acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 6];
-            acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] * Wu[c*dff + 8*e_tile + 7];
-            acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile];
-            acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 1];
-            acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 2];
-            acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 3];
-            acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 4];
-            acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 5];
-            acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 6];
-            acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] * Wu[c*dff + 8*e_tile + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t c = 0; c < dm; ++c) {
+                acc_0_0 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_0_1 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_0_2 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_0_3 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_0_4 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_0_5 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_0_6 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_0_7 += xn2[c + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_1_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_1_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_1_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_1_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_1_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_1_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_1_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_1_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_2_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_2_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_2_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_2_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_2_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_2_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_2_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_2_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_3_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_3_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_3_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_3_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_3_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_3_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_3_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_3_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_4_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_4_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_4_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_4_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_4_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_4_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_4_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_4_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+                acc_5_0 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile];
+                acc_5_1 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 1];
+                acc_5_2 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 2];
+                acc_5_3 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 3];
+                acc_5_4 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 4];
+                acc_5_5 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 5];
+                acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
+                acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
+            }
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
         }
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-        mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-        mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
     }
 }
 
@@ -3213,7 +4873,14 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3234,6 +4901,62 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
             xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
         }
         mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+    }
+}
+
+/* mlp.F.pack_Wd: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+__global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= ((dm) / 8)) return;
+    const int64_t c_tile = tid;
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+            mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+        }
     }
 }
 
@@ -3265,7 +4988,14 @@ __global__ void block_fwd_composed_f32_mlp_F(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3277,108 +5007,158 @@ __global__ void block_fwd_composed_f32_mlp_F(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*((dm) / 8)) return;
-    const int64_t c_tile = tid % (((dm) / 8));
-    const int64_t b = (tid / (((dm) / 8)));
-    for (int64_t i_tile = 0; i_tile < ((n + 3) / 4); ++i_tile) {
-        float acc_0_0 = 0.0f;
-        float acc_0_1 = 0.0f;
-        float acc_0_2 = 0.0f;
-        float acc_0_3 = 0.0f;
-        float acc_0_4 = 0.0f;
-        float acc_0_5 = 0.0f;
-        float acc_0_6 = 0.0f;
-        float acc_0_7 = 0.0f;
-        float acc_1_0 = 0.0f;
-        float acc_1_1 = 0.0f;
-        float acc_1_2 = 0.0f;
-        float acc_1_3 = 0.0f;
-        float acc_1_4 = 0.0f;
-        float acc_1_5 = 0.0f;
-        float acc_1_6 = 0.0f;
-        float acc_1_7 = 0.0f;
-        float acc_2_0 = 0.0f;
-        float acc_2_1 = 0.0f;
-        float acc_2_2 = 0.0f;
-        float acc_2_3 = 0.0f;
-        float acc_2_4 = 0.0f;
-        float acc_2_5 = 0.0f;
-        float acc_2_6 = 0.0f;
-        float acc_2_7 = 0.0f;
-        float acc_3_0 = 0.0f;
-        float acc_3_1 = 0.0f;
-        float acc_3_2 = 0.0f;
-        float acc_3_3 = 0.0f;
-        float acc_3_4 = 0.0f;
-        float acc_3_5 = 0.0f;
-        float acc_3_6 = 0.0f;
-        float acc_3_7 = 0.0f;
-        for (int64_t e = 0; e < dff; ++e) {
-            acc_0_0 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e];
-            acc_0_1 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_0_2 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_0_3 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_0_4 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_0_5 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_0_6 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_0_7 += mlp_H[dff*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e];
-            acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e];
-            acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + e] * Wd[8*c_tile + dm*e + 7];
-            acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e];
-            acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 1];
-            acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 2];
-            acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 3];
-            acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 4];
-            acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 5];
-            acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 6];
-            acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + e] * Wd[8*c_tile + dm*e + 7];
+    if (tid >= batch*((((n + 5) / 6) + 15) / 16)) return;
+    const int64_t i_blk = tid % (((((n + 5) / 6) + 15) / 16));
+    const int64_t b = (tid / (((((n + 5) / 6) + 15) / 16)));
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+            float acc_0_0 = 0.0f;
+            float acc_0_1 = 0.0f;
+            float acc_0_2 = 0.0f;
+            float acc_0_3 = 0.0f;
+            float acc_0_4 = 0.0f;
+            float acc_0_5 = 0.0f;
+            float acc_0_6 = 0.0f;
+            float acc_0_7 = 0.0f;
+            float acc_1_0 = 0.0f;
+            float acc_1_1 = 0.0f;
+            float acc_1_2 = 0.0f;
+            float acc_1_3 = 0.0f;
+            float acc_1_4 = 0.0f;
+            float acc_1_5 = 0.0f;
+            float acc_1_6 = 0.0f;
+            float acc_1_7 = 0.0f;
+            float acc_2_0 = 0.0f;
+            float acc_2_1 = 0.0f;
+            float acc_2_2 = 0.0f;
+            float acc_2_3 = 0.0f;
+            float acc_2_4 = 0.0f;
+            float acc_2_5 = 0.0f;
+            float acc_2_6 = 0.0f;
+            float acc_2_7 = 0.0f;
+            float acc_3_0 = 0.0f;
+            float acc_3_1 = 0.0f;
+            float acc_3_2 = 0.0f;
+            float acc_3_3 = 0.0f;
+            float acc_3_4 = 0.0f;
+            float acc_3_5 = 0.0f;
+            float acc_3_6 = 0.0f;
+            float acc_3_7 = 0.0f;
+            float acc_4_0 = 0.0f;
+            float acc_4_1 = 0.0f;
+            float acc_4_2 = 0.0f;
+            float acc_4_3 = 0.0f;
+            float acc_4_4 = 0.0f;
+            float acc_4_5 = 0.0f;
+            float acc_4_6 = 0.0f;
+            float acc_4_7 = 0.0f;
+            float acc_5_0 = 0.0f;
+            float acc_5_1 = 0.0f;
+            float acc_5_2 = 0.0f;
+            float acc_5_3 = 0.0f;
+            float acc_5_4 = 0.0f;
+            float acc_5_5 = 0.0f;
+            float acc_5_6 = 0.0f;
+            float acc_5_7 = 0.0f;
+            for (int64_t e = 0; e < dff; ++e) {
+                acc_0_0 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_0_1 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_0_2 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_0_3 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_0_4 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_0_5 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_0_6 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_0_7 += mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_1_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_1_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_1_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_1_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_1_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_1_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_1_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_1_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_2_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_2_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_2_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_2_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_2_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_2_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_2_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_2_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_3_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_3_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_3_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_3_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_3_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_3_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_3_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_3_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_4_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_4_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_4_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_4_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_4_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_4_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_4_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_4_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+                acc_5_0 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e];
+                acc_5_1 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 1];
+                acc_5_2 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 2];
+                acc_5_3 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 3];
+                acc_5_4 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 4];
+                acc_5_5 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 5];
+                acc_5_6 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 6];
+                acc_5_7 += mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * mlp_Wd_panel[8*c_tile*dff + 8*e + 7];
+            }
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+            mlp_out[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+            mlp_out[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
         }
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1))] = acc_0_0;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 1] = acc_0_1;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 2] = acc_0_2;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 3] = acc_0_3;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 4] = acc_0_4;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 5] = acc_0_5;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 6] = acc_0_6;
-        mlp_out[8*c_tile + dm*(b*n + (4*i_tile < n - 1 ? 4*i_tile : n - 1)) + 7] = acc_0_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1))] = acc_1_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 1] = acc_1_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 2] = acc_1_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 3] = acc_1_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 4] = acc_1_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 5] = acc_1_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 6] = acc_1_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 1 ? n - 1 : 4*i_tile + 1)) + 7] = acc_1_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2))] = acc_2_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 1] = acc_2_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 2] = acc_2_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 3] = acc_2_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 4] = acc_2_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 5] = acc_2_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 6] = acc_2_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 2 ? n - 1 : 4*i_tile + 2)) + 7] = acc_2_7;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3))] = acc_3_0;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 1] = acc_3_1;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 2] = acc_3_2;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 3] = acc_3_3;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 4] = acc_3_4;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 5] = acc_3_5;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 6] = acc_3_6;
-        mlp_out[8*c_tile + dm*(b*n + (n - 1 < 4*i_tile + 3 ? n - 1 : 4*i_tile + 3)) + 7] = acc_3_7;
     }
 }
 
@@ -3410,7 +5190,14 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3462,7 +5249,14 @@ __global__ void block_fwd_composed_f32_add_y(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3508,7 +5302,14 @@ extern "C" int block_fwd_composed_f32(
     float *__restrict__ xn1,
     float *__restrict__ xn2,
     float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
     int64_t batch,
     int64_t n,
     int64_t dm,
@@ -3523,126 +5324,175 @@ extern "C" int block_fwd_composed_f32(
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f32_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f32_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = heads;
+        block_fwd_composed_f32_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = ((dm) / 8);
+        block_fwd_composed_f32_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_fwd_composed_f32_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_fwd_composed_f32_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dff) / 8);
+        const int64_t count = ((dff) / 8);
+        block_fwd_composed_f32_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*((dm) / 8);
+        const int64_t count = ((dm) / 8);
+        block_fwd_composed_f32_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }

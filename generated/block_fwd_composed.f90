@@ -10,8 +10,9 @@ module moagen_kernels
 contains
 
   subroutine block_fwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
-      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, &
-          & dff, eps, scale) &
+      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
+          & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, &
+              & n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: eps, scale
@@ -38,13 +39,23 @@ contains
     real(c_double), intent(out) :: xn1(0:batch * n * dm - 1)
     real(c_double), intent(out) :: xn2(0:batch * n * dm - 1)
     real(c_double), intent(out) :: mlp_out(0:batch * n * dm - 1)
+    real(c_double), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, i_tile, m, j_blk, j, m_tile, e_tile, e
+    real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
     real(c_double) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
             & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, xw, row_max, &
-                    & row_sum, qk, score, new_max, rescale, p, heads_sum, ow, xg, xu, hw
+                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+                    & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+                        & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
+                            & row_max, row_sum, qk, score, new_max, rescale, p, heads_sum, ow, &
+                                & xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -67,6 +78,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.Q.pack_Wq: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.Q: from the DNF
     ! stage qkv: qkv_proj tiled
     ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -74,11 +100,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -111,105 +138,169 @@ contains
             acc_3_5 = 0.0_c_double
             acc_3_6 = 0.0_c_double
             acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -233,6 +324,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.K.pack_Wk: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.K: from the DNF
     ! stage qkv: qkv_proj tiled
     ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -240,11 +346,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -277,105 +384,169 @@ contains
             acc_3_5 = 0.0_c_double
             acc_3_6 = 0.0_c_double
             acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -399,6 +570,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.V.pack_Wv: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.V: from the DNF
     ! stage qkv: qkv_proj tiled
     ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -406,11 +592,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_double
             acc_0_1 = 0.0_c_double
             acc_0_2 = 0.0_c_double
@@ -443,105 +630,169 @@ contains
             acc_3_5 = 0.0_c_double
             acc_3_6 = 0.0_c_double
             acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -637,6 +888,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.Y.pack_Wo: from the DNF
+    ! stage out: out_proj tiled
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.Y: from the DNF
     ! stage out: out_proj tiled
     ! Y[b, i, m] = (<b i m> psi R)
@@ -645,10 +911,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
+        do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_double
           acc_0_1 = 0.0_c_double
           acc_0_2 = 0.0_c_double
@@ -681,140 +948,220 @@ contains
           acc_3_5 = 0.0_c_double
           acc_3_6 = 0.0_c_double
           acc_3_7 = 0.0_c_double
+          acc_4_0 = 0.0_c_double
+          acc_4_1 = 0.0_c_double
+          acc_4_2 = 0.0_c_double
+          acc_4_3 = 0.0_c_double
+          acc_4_4 = 0.0_c_double
+          acc_4_5 = 0.0_c_double
+          acc_4_6 = 0.0_c_double
+          acc_4_7 = 0.0_c_double
+          acc_5_0 = 0.0_c_double
+          acc_5_1 = 0.0_c_double
+          acc_5_2 = 0.0_c_double
+          acc_5_3 = 0.0_c_double
+          acc_5_4 = 0.0_c_double
+          acc_5_5 = 0.0_c_double
+          acc_5_6 = 0.0_c_double
+          acc_5_7 = 0.0_c_double
           !GCC$ novector
           do h = 0, heads - 1
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(4*i_tile, n - 1)) + &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(6*i_tile, n - 1)) + &
               & 8*m_tile) + acc_0_0
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 1) + acc_0_1
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 2) + acc_0_2
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 3) + acc_0_3
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 4) + acc_0_4
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 5) + acc_0_5
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 6) + acc_0_6
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 7) + acc_0_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 1)) + 8*m_tile) + acc_1_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 2)) + 8*m_tile) + acc_2_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 3)) + 8*m_tile) + acc_3_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
+              & + 4)) + 8*m_tile) + acc_4_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 1) + acc_4_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 2) + acc_4_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 3) + acc_4_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 4) + acc_4_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 5) + acc_4_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 6) + acc_4_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 7) + acc_4_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
+              & + 5)) + 8*m_tile) + acc_5_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 1) + acc_5_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 2) + acc_5_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 3) + acc_5_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 4) + acc_5_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 5) + acc_5_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 6) + acc_5_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 7) + acc_5_7
         end do
       end do
     end do
@@ -858,137 +1205,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.U.pack_Wg: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.U: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -1009,201 +1446,323 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.H.pack_Wu: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.H: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
+                & 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
+                    & 8*e_tile))) * acc_0_0
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 1))) * acc_0_1
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 2))) * acc_0_2
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 3))) * acc_0_3
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 4))) * acc_0_4
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 5))) * acc_0_5
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 6))) * acc_0_6
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 7))) * acc_0_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(4*i_tile, n - 1)) &
-              & + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile))) * acc_0_0
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 1))) * acc_0_1
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 2))) * acc_0_2
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 3))) * acc_0_3
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 4))) * acc_0_4
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 5))) * acc_0_5
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 6))) * acc_0_6
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 7))) * acc_0_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile))) * acc_1_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile))) * acc_2_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile))) * acc_3_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
         end do
       end do
     end do
@@ -1225,147 +1784,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.F.pack_Wd: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.F: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_double
-          acc_0_1 = 0.0_c_double
-          acc_0_2 = 0.0_c_double
-          acc_0_3 = 0.0_c_double
-          acc_0_4 = 0.0_c_double
-          acc_0_5 = 0.0_c_double
-          acc_0_6 = 0.0_c_double
-          acc_0_7 = 0.0_c_double
-          acc_1_0 = 0.0_c_double
-          acc_1_1 = 0.0_c_double
-          acc_1_2 = 0.0_c_double
-          acc_1_3 = 0.0_c_double
-          acc_1_4 = 0.0_c_double
-          acc_1_5 = 0.0_c_double
-          acc_1_6 = 0.0_c_double
-          acc_1_7 = 0.0_c_double
-          acc_2_0 = 0.0_c_double
-          acc_2_1 = 0.0_c_double
-          acc_2_2 = 0.0_c_double
-          acc_2_3 = 0.0_c_double
-          acc_2_4 = 0.0_c_double
-          acc_2_5 = 0.0_c_double
-          acc_2_6 = 0.0_c_double
-          acc_2_7 = 0.0_c_double
-          acc_3_0 = 0.0_c_double
-          acc_3_1 = 0.0_c_double
-          acc_3_2 = 0.0_c_double
-          acc_3_3 = 0.0_c_double
-          acc_3_4 = 0.0_c_double
-          acc_3_5 = 0.0_c_double
-          acc_3_6 = 0.0_c_double
-          acc_3_7 = 0.0_c_double
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e)
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_double
+            acc_0_1 = 0.0_c_double
+            acc_0_2 = 0.0_c_double
+            acc_0_3 = 0.0_c_double
+            acc_0_4 = 0.0_c_double
+            acc_0_5 = 0.0_c_double
+            acc_0_6 = 0.0_c_double
+            acc_0_7 = 0.0_c_double
+            acc_1_0 = 0.0_c_double
+            acc_1_1 = 0.0_c_double
+            acc_1_2 = 0.0_c_double
+            acc_1_3 = 0.0_c_double
+            acc_1_4 = 0.0_c_double
+            acc_1_5 = 0.0_c_double
+            acc_1_6 = 0.0_c_double
+            acc_1_7 = 0.0_c_double
+            acc_2_0 = 0.0_c_double
+            acc_2_1 = 0.0_c_double
+            acc_2_2 = 0.0_c_double
+            acc_2_3 = 0.0_c_double
+            acc_2_4 = 0.0_c_double
+            acc_2_5 = 0.0_c_double
+            acc_2_6 = 0.0_c_double
+            acc_2_7 = 0.0_c_double
+            acc_3_0 = 0.0_c_double
+            acc_3_1 = 0.0_c_double
+            acc_3_2 = 0.0_c_double
+            acc_3_3 = 0.0_c_double
+            acc_3_4 = 0.0_c_double
+            acc_3_5 = 0.0_c_double
+            acc_3_6 = 0.0_c_double
+            acc_3_7 = 0.0_c_double
+            acc_4_0 = 0.0_c_double
+            acc_4_1 = 0.0_c_double
+            acc_4_2 = 0.0_c_double
+            acc_4_3 = 0.0_c_double
+            acc_4_4 = 0.0_c_double
+            acc_4_5 = 0.0_c_double
+            acc_4_6 = 0.0_c_double
+            acc_4_7 = 0.0_c_double
+            acc_5_0 = 0.0_c_double
+            acc_5_1 = 0.0_c_double
+            acc_5_2 = 0.0_c_double
+            acc_5_3 = 0.0_c_double
+            acc_5_4 = 0.0_c_double
+            acc_5_5 = 0.0_c_double
+            acc_5_6 = 0.0_c_double
+            acc_5_7 = 0.0_c_double
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1))) = acc_0_0
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 1) = acc_0_1
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 2) = acc_0_2
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 3) = acc_0_3
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 4) = acc_0_4
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 5) = acc_0_5
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 6) = acc_0_6
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 7) = acc_0_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1))) = acc_1_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2))) = acc_2_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3))) = acc_3_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
         end do
       end do
     end do
@@ -1401,8 +2040,9 @@ contains
   end subroutine block_fwd_composed_f64
 
   subroutine block_fwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
-      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, mlp_H, batch, n, dm, heads, dh, &
-          & dff, eps, scale) &
+      & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
+          & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, &
+              & n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: eps, scale
@@ -1429,13 +2069,23 @@ contains
     real(c_float), intent(out) :: xn1(0:batch * n * dm - 1)
     real(c_float), intent(out) :: xn2(0:batch * n * dm - 1)
     real(c_float), intent(out) :: mlp_out(0:batch * n * dm - 1)
+    real(c_float), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, i_tile, m, j_blk, j, m_tile, e_tile, e
+    real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
     real(c_float) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
             & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, xw, row_max, &
-                    & row_sum, qk, score, new_max, rescale, p, heads_sum, ow, xg, xu, hw
+                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
+                    & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
+                        & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
+                            & row_max, row_sum, qk, score, new_max, rescale, p, heads_sum, ow, &
+                                & xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -1458,6 +2108,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.Q.pack_Wq: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.Q: from the DNF
     ! stage qkv: qkv_proj tiled
     ! Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -1465,11 +2130,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -1502,105 +2168,169 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wq(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wq(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            Q(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -1624,6 +2354,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.K.pack_Wk: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.K: from the DNF
     ! stage qkv: qkv_proj tiled
     ! K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -1631,11 +2376,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -1668,105 +2414,169 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wk(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wk(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            K(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -1790,6 +2600,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! qkv.V.pack_Wv: from the DNF
+    ! stage qkv: qkv_proj tiled
+    ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+    !$omp parallel do collapse(1) schedule(static) private(c_tile, m, lane)
+    do h = 0, heads - 1
+      do c_tile = 0, ((dh) / 8) - 1
+        do m = 0, dm - 1
+          do lane = 0, 7
+            qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
+                & heads*m) + lane)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! qkv.V: from the DNF
     ! stage qkv: qkv_proj tiled
     ! V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -1797,11 +2622,12 @@ contains
     !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
     !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
     !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp& acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, &
+    !$omp& acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do c_tile = 0, ((dh) / 8) - 1
-          do i_tile = 0, ((n + 3) / 4) - 1
+          do i_tile = 0, ((n + 5) / 6) - 1
             acc_0_0 = 0.0_c_float
             acc_0_1 = 0.0_c_float
             acc_0_2 = 0.0_c_float
@@ -1834,105 +2660,169 @@ contains
             acc_3_5 = 0.0_c_float
             acc_3_6 = 0.0_c_float
             acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
             !GCC$ novector
             do m = 0, dm - 1
-              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m))
-              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 1)
-              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 2)
-              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 3)
-              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 4)
-              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 5)
-              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 6)
-              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(4*i_tile, n - 1)) + m) * Wv(8*c_tile + dh*(h &
-                  & + heads*m) + 7)
-              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 1)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 2)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
-              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m))
-              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 1)
-              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 2)
-              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 3)
-              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 4)
-              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 5)
-              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 6)
-              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 4*i_tile + 3)) + m) * Wv(8*c_tile + &
-                  & dh*(h + heads*m) + 7)
+              acc_0_0 = acc_0_0 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_0_1 = acc_0_1 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_0_2 = acc_0_2 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_0_3 = acc_0_3 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_0_4 = acc_0_4 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_0_5 = acc_0_5 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_0_6 = acc_0_6 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_0_7 = acc_0_7 + xn1(dm*(b*n + min(6*i_tile, n - 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_1_0 = acc_1_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_1_1 = acc_1_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_1_2 = acc_1_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_1_3 = acc_1_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_1_4 = acc_1_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_1_5 = acc_1_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_1_6 = acc_1_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_1_7 = acc_1_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 1)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_2_0 = acc_2_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_2_1 = acc_2_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_2_2 = acc_2_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_2_3 = acc_2_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_2_4 = acc_2_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_2_5 = acc_2_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_2_6 = acc_2_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_2_7 = acc_2_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 2)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_3_0 = acc_3_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_3_1 = acc_3_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_3_2 = acc_3_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_3_3 = acc_3_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_3_4 = acc_3_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_3_5 = acc_3_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_3_6 = acc_3_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_3_7 = acc_3_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 3)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_4_0 = acc_4_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_4_1 = acc_4_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_4_2 = acc_4_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_4_3 = acc_4_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_4_4 = acc_4_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_4_5 = acc_4_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_4_6 = acc_4_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_4_7 = acc_4_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 4)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
+              acc_5_0 = acc_5_0 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m)
+              acc_5_1 = acc_5_1 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1)
+              acc_5_2 = acc_5_2 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2)
+              acc_5_3 = acc_5_3 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3)
+              acc_5_4 = acc_5_4 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4)
+              acc_5_5 = acc_5_5 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5)
+              acc_5_6 = acc_5_6 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6)
+              acc_5_7 = acc_5_7 + xn1(dm*(b*n + min(n - 1, 6*i_tile + 5)) + m) * &
+                  & qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7)
             end do
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) = acc_0_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 1) = acc_0_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 2) = acc_0_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 3) = acc_0_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 4) = acc_0_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 5) = acc_0_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 6) = acc_0_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(4*i_tile, n - 1)) + 7) = acc_0_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) = acc_1_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) = acc_2_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) = acc_3_0
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) = acc_0_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            V(8*c_tile + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
         end do
       end do
@@ -2028,6 +2918,21 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! out.Y.pack_Wo: from the DNF
+    ! stage out: out_proj tiled
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(1) schedule(static) private(h, c, lane)
+    do m_tile = 0, ((dm) / 8) - 1
+      do h = 0, heads - 1
+        do c = 0, dh - 1
+          do lane = 0, 7
+            out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
+          end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! out.Y: from the DNF
     ! stage out: out_proj tiled
     ! Y[b, i, m] = (<b i m> psi R)
@@ -2036,10 +2941,11 @@ contains
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
     !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
-    !$omp& acc_3_5, acc_3_6, acc_3_7)
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
       do m_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
+        do i_tile = 0, ((n + 5) / 6) - 1
           acc_0_0 = 0.0_c_float
           acc_0_1 = 0.0_c_float
           acc_0_2 = 0.0_c_float
@@ -2072,140 +2978,220 @@ contains
           acc_3_5 = 0.0_c_float
           acc_3_6 = 0.0_c_float
           acc_3_7 = 0.0_c_float
+          acc_4_0 = 0.0_c_float
+          acc_4_1 = 0.0_c_float
+          acc_4_2 = 0.0_c_float
+          acc_4_3 = 0.0_c_float
+          acc_4_4 = 0.0_c_float
+          acc_4_5 = 0.0_c_float
+          acc_4_6 = 0.0_c_float
+          acc_4_7 = 0.0_c_float
+          acc_5_0 = 0.0_c_float
+          acc_5_1 = 0.0_c_float
+          acc_5_2 = 0.0_c_float
+          acc_5_3 = 0.0_c_float
+          acc_5_4 = 0.0_c_float
+          acc_5_5 = 0.0_c_float
+          acc_5_6 = 0.0_c_float
+          acc_5_7 = 0.0_c_float
           !GCC$ novector
           do h = 0, heads - 1
             !GCC$ novector
             do c = 0, dh - 1
-              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(4*i_tile, n - 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 1))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 2))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
-              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile)
-              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 1)
-              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 2)
-              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 3)
-              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 4)
-              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 5)
-              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 6)
-              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 4*i_tile + 3))) * &
-                  & Wo(dm*(c + dh*h) + 8*m_tile + 7)
+              acc_0_0 = acc_0_0 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_0_1 = acc_0_1 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_0_2 = acc_0_2 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_0_3 = acc_0_3 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_0_4 = acc_0_4 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_0_5 = acc_0_5 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_0_6 = acc_0_6 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_0_7 = acc_0_7 + attn(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_1_0 = acc_1_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_1_1 = acc_1_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_1_2 = acc_1_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_1_3 = acc_1_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_1_4 = acc_1_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_1_5 = acc_1_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_1_6 = acc_1_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_1_7 = acc_1_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_2_0 = acc_2_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_2_1 = acc_2_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_2_2 = acc_2_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_2_3 = acc_2_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_2_4 = acc_2_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_2_5 = acc_2_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_2_6 = acc_2_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_2_7 = acc_2_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_3_0 = acc_3_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_3_1 = acc_3_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_3_2 = acc_3_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_3_3 = acc_3_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_3_4 = acc_3_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_3_5 = acc_3_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_3_6 = acc_3_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_3_7 = acc_3_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_4_0 = acc_4_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_4_1 = acc_4_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_4_2 = acc_4_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_4_3 = acc_4_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_4_4 = acc_4_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_4_5 = acc_4_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_4_6 = acc_4_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_4_7 = acc_4_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+              acc_5_0 = acc_5_0 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile))
+              acc_5_1 = acc_5_1 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+              acc_5_2 = acc_5_2 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+              acc_5_3 = acc_5_3 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+              acc_5_4 = acc_5_4 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+              acc_5_5 = acc_5_5 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+              acc_5_6 = acc_5_6 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+              acc_5_7 = acc_5_7 + attn(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(4*i_tile, n - 1)) + &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(6*i_tile, n - 1)) + &
               & 8*m_tile) + acc_0_0
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 1) + acc_0_1
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 2) + acc_0_2
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 3) + acc_0_3
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 4) + acc_0_4
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 5) + acc_0_5
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 6) + acc_0_6
-          resid(dm*(b*n + min(4*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(4*i_tile, n - &
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(6*i_tile, n - &
               & 1)) + 8*m_tile + 7) + acc_0_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 1)) + 8*m_tile) + acc_1_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 2)) + 8*m_tile) + acc_2_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 4*i_tile &
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
               & + 3)) + 8*m_tile) + acc_3_0
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
-          resid(dm*(b*n + min(n - 1, 4*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
+              & + 4)) + 8*m_tile) + acc_4_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 1) + acc_4_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 2) + acc_4_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 3) + acc_4_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 4) + acc_4_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 5) + acc_4_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 6) + acc_4_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 4)) + 8*m_tile + 7) + acc_4_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
+              & + 5)) + 8*m_tile) + acc_5_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 1) + acc_5_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 2) + acc_5_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 3) + acc_5_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 4) + acc_5_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 5) + acc_5_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 6) + acc_5_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
+              & 6*i_tile + 5)) + 8*m_tile + 7) + acc_5_7
         end do
       end do
     end do
@@ -2249,137 +3235,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.U.pack_Wg: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.U: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wg(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wg(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wg(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wg(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wg_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wg_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            U(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            U(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = acc_0_0
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
-          U(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = acc_1_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = acc_2_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = acc_3_0
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
-          U(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
         end do
       end do
     end do
@@ -2400,201 +3476,323 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.H.pack_Wu: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(1) schedule(static) private(c, lane)
+    do e_tile = 0, ((dff) / 8) - 1
+      do c = 0, dm - 1
+        do lane = 0, 7
+          mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.H: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, c, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(e_tile, i_tile, c, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do e_tile = 0, ((dff) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do c = 0, dm - 1
-            acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile)
-            acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 1)
-            acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 2)
-            acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 3)
-            acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 4)
-            acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 5)
-            acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 6)
-            acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(4*i_tile, n - 1))) * Wu(c*dff + 8*e_tile + 7)
-            acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + 8*e_tile)
-            acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 1))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + 8*e_tile)
-            acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 2))) * Wu(c*dff + &
-                & 8*e_tile + 7)
-            acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + 8*e_tile)
-            acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 1)
-            acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 2)
-            acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 3)
-            acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 4)
-            acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 5)
-            acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 6)
-            acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 4*i_tile + 3))) * Wu(c*dff + &
-                & 8*e_tile + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do e_tile = 0, ((dff) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do c = 0, dm - 1
+              acc_0_0 = acc_0_0 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile)
+              acc_0_1 = acc_0_1 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 1)
+              acc_0_2 = acc_0_2 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 2)
+              acc_0_3 = acc_0_3 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 3)
+              acc_0_4 = acc_0_4 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 4)
+              acc_0_5 = acc_0_5 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 5)
+              acc_0_6 = acc_0_6 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 6)
+              acc_0_7 = acc_0_7 + xn2(c + dm*(b*n + min(6*i_tile, n - 1))) * mlp_Wu_panel(8*c + &
+                  & 8*dm*e_tile + 7)
+              acc_1_0 = acc_1_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_1_1 = acc_1_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_1_2 = acc_1_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_1_3 = acc_1_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_1_4 = acc_1_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_1_5 = acc_1_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_1_6 = acc_1_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_1_7 = acc_1_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 1))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_2_0 = acc_2_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_2_1 = acc_2_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_2_2 = acc_2_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_2_3 = acc_2_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_2_4 = acc_2_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_2_5 = acc_2_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_2_6 = acc_2_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_2_7 = acc_2_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 2))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_3_0 = acc_3_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_3_1 = acc_3_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_3_2 = acc_3_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_3_3 = acc_3_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_3_4 = acc_3_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_3_5 = acc_3_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_3_6 = acc_3_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_3_7 = acc_3_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 3))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_4_0 = acc_4_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_4_1 = acc_4_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_4_2 = acc_4_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_4_3 = acc_4_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_4_4 = acc_4_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_4_5 = acc_4_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_4_6 = acc_4_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_4_7 = acc_4_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 4))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+              acc_5_0 = acc_5_0 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile)
+              acc_5_1 = acc_5_1 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 1)
+              acc_5_2 = acc_5_2 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 2)
+              acc_5_3 = acc_5_3 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 3)
+              acc_5_4 = acc_5_4 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 4)
+              acc_5_5 = acc_5_5 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 5)
+              acc_5_6 = acc_5_6 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 6)
+              acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
+                  & + 8*dm*e_tile + 7)
+            end do
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
+                & 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
+                    & 8*e_tile))) * acc_0_0
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 1))) * acc_0_1
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 2))) * acc_0_2
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 3))) * acc_0_3
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 4))) * acc_0_4
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 5))) * acc_0_5
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 6))) * acc_0_6
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
+                & - 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
+                    & + 8*e_tile + 7))) * acc_0_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
+                & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
+                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(4*i_tile, n - 1)) &
-              & + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile))) * acc_0_0
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 1))) * acc_0_1
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 2))) * acc_0_2
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 3))) * acc_0_3
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 4))) * acc_0_4
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 5))) * acc_0_5
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 6))) * acc_0_6
-          mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(4*i_tile, n - &
-              & 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(4*i_tile, n - 1)) + &
-                  & 8*e_tile + 7))) * acc_0_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 4*i_tile &
-                  & + 1)) + 8*e_tile))) * acc_1_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 4*i_tile &
-                  & + 2)) + 8*e_tile))) * acc_2_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 4*i_tile &
-                  & + 3)) + 8*e_tile))) * acc_3_0
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
-          mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-              & 4*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                  & 4*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
         end do
       end do
     end do
@@ -2616,147 +3814,227 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.F.pack_Wd: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+    !$omp parallel do collapse(1) schedule(static) private(e, lane)
+    do c_tile = 0, ((dm) / 8) - 1
+      do e = 0, dff - 1
+        do lane = 0, 7
+          mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.F: from the DNF
     ! stage mlp: mlp_fwd tiled
     ! F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-    !$omp parallel do collapse(2) schedule(static) private(i_tile, e, acc_0_0, acc_0_1, acc_0_2, &
-    !$omp& acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, &
-    !$omp& acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, &
-    !$omp& acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, &
-    !$omp& acc_3_6, acc_3_7)
+    !$omp parallel do collapse(2) schedule(static) private(c_tile, i_tile, e, acc_0_0, acc_0_1, &
+    !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
+    !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
+    !$omp& acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, acc_3_2, acc_3_3, acc_3_4, &
+    !$omp& acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, &
+    !$omp& acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7)
     do b = 0, batch - 1
-      do c_tile = 0, ((dm) / 8) - 1
-        do i_tile = 0, ((n + 3) / 4) - 1
-          acc_0_0 = 0.0_c_float
-          acc_0_1 = 0.0_c_float
-          acc_0_2 = 0.0_c_float
-          acc_0_3 = 0.0_c_float
-          acc_0_4 = 0.0_c_float
-          acc_0_5 = 0.0_c_float
-          acc_0_6 = 0.0_c_float
-          acc_0_7 = 0.0_c_float
-          acc_1_0 = 0.0_c_float
-          acc_1_1 = 0.0_c_float
-          acc_1_2 = 0.0_c_float
-          acc_1_3 = 0.0_c_float
-          acc_1_4 = 0.0_c_float
-          acc_1_5 = 0.0_c_float
-          acc_1_6 = 0.0_c_float
-          acc_1_7 = 0.0_c_float
-          acc_2_0 = 0.0_c_float
-          acc_2_1 = 0.0_c_float
-          acc_2_2 = 0.0_c_float
-          acc_2_3 = 0.0_c_float
-          acc_2_4 = 0.0_c_float
-          acc_2_5 = 0.0_c_float
-          acc_2_6 = 0.0_c_float
-          acc_2_7 = 0.0_c_float
-          acc_3_0 = 0.0_c_float
-          acc_3_1 = 0.0_c_float
-          acc_3_2 = 0.0_c_float
-          acc_3_3 = 0.0_c_float
-          acc_3_4 = 0.0_c_float
-          acc_3_5 = 0.0_c_float
-          acc_3_6 = 0.0_c_float
-          acc_3_7 = 0.0_c_float
-          !GCC$ novector
-          do e = 0, dff - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e)
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(4*i_tile, n - 1)) + e) * Wd(8*c_tile + dm*e &
-                & + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 1)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 2)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e)
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 4*i_tile + 3)) + e) * Wd(8*c_tile + &
-                & dm*e + 7)
+      do i_blk = 0, ((((n + 5) / 6) + 15) / 16) - 1
+        do c_tile = 0, ((dm) / 8) - 1
+          do i_tile = 16*i_blk, min(16*i_blk + 16, ((n + 5) / 6)) - 1
+            acc_0_0 = 0.0_c_float
+            acc_0_1 = 0.0_c_float
+            acc_0_2 = 0.0_c_float
+            acc_0_3 = 0.0_c_float
+            acc_0_4 = 0.0_c_float
+            acc_0_5 = 0.0_c_float
+            acc_0_6 = 0.0_c_float
+            acc_0_7 = 0.0_c_float
+            acc_1_0 = 0.0_c_float
+            acc_1_1 = 0.0_c_float
+            acc_1_2 = 0.0_c_float
+            acc_1_3 = 0.0_c_float
+            acc_1_4 = 0.0_c_float
+            acc_1_5 = 0.0_c_float
+            acc_1_6 = 0.0_c_float
+            acc_1_7 = 0.0_c_float
+            acc_2_0 = 0.0_c_float
+            acc_2_1 = 0.0_c_float
+            acc_2_2 = 0.0_c_float
+            acc_2_3 = 0.0_c_float
+            acc_2_4 = 0.0_c_float
+            acc_2_5 = 0.0_c_float
+            acc_2_6 = 0.0_c_float
+            acc_2_7 = 0.0_c_float
+            acc_3_0 = 0.0_c_float
+            acc_3_1 = 0.0_c_float
+            acc_3_2 = 0.0_c_float
+            acc_3_3 = 0.0_c_float
+            acc_3_4 = 0.0_c_float
+            acc_3_5 = 0.0_c_float
+            acc_3_6 = 0.0_c_float
+            acc_3_7 = 0.0_c_float
+            acc_4_0 = 0.0_c_float
+            acc_4_1 = 0.0_c_float
+            acc_4_2 = 0.0_c_float
+            acc_4_3 = 0.0_c_float
+            acc_4_4 = 0.0_c_float
+            acc_4_5 = 0.0_c_float
+            acc_4_6 = 0.0_c_float
+            acc_4_7 = 0.0_c_float
+            acc_5_0 = 0.0_c_float
+            acc_5_1 = 0.0_c_float
+            acc_5_2 = 0.0_c_float
+            acc_5_3 = 0.0_c_float
+            acc_5_4 = 0.0_c_float
+            acc_5_5 = 0.0_c_float
+            acc_5_6 = 0.0_c_float
+            acc_5_7 = 0.0_c_float
+            !GCC$ novector
+            do e = 0, dff - 1
+              acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+              acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e)
+              acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 1)
+              acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 2)
+              acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 3)
+              acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 4)
+              acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 5)
+              acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 6)
+              acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
+                  & mlp_Wd_panel(8*c_tile*dff + 8*e + 7)
+            end do
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 2) = acc_0_2
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 3) = acc_0_3
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 4) = acc_0_4
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 5) = acc_0_5
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 6) = acc_0_6
+            mlp_out(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 7) = acc_0_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1))) = acc_1_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 1) = acc_1_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 2) = acc_1_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 3) = acc_1_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 4) = acc_1_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 5) = acc_1_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 6) = acc_1_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 1)) + 7) = acc_1_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2))) = acc_2_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 1) = acc_2_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 2) = acc_2_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 3) = acc_2_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 4) = acc_2_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 5) = acc_2_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 6) = acc_2_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 2)) + 7) = acc_2_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3))) = acc_3_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 1) = acc_3_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 2) = acc_3_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 3) = acc_3_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 4) = acc_3_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 5) = acc_3_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 6) = acc_3_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 3)) + 7) = acc_3_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4))) = acc_4_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 1) = acc_4_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 2) = acc_4_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 3) = acc_4_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 4) = acc_4_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 5) = acc_4_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 6) = acc_4_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 4)) + 7) = acc_4_7
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5))) = acc_5_0
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 1) = acc_5_1
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 2) = acc_5_2
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 3) = acc_5_3
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 4) = acc_5_4
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 5) = acc_5_5
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 6) = acc_5_6
+            mlp_out(8*c_tile + dm*(b*n + min(n - 1, 6*i_tile + 5)) + 7) = acc_5_7
           end do
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1))) = acc_0_0
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 1) = acc_0_1
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 2) = acc_0_2
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 3) = acc_0_3
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 4) = acc_0_4
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 5) = acc_0_5
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 6) = acc_0_6
-          mlp_out(8*c_tile + dm*(b*n + min(4*i_tile, n - 1)) + 7) = acc_0_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1))) = acc_1_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 1) = acc_1_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 2) = acc_1_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 3) = acc_1_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 4) = acc_1_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 5) = acc_1_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 6) = acc_1_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 1)) + 7) = acc_1_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2))) = acc_2_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 1) = acc_2_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 2) = acc_2_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 3) = acc_2_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 4) = acc_2_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 5) = acc_2_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 6) = acc_2_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 2)) + 7) = acc_2_7
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3))) = acc_3_0
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 1) = acc_3_1
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 2) = acc_3_2
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 3) = acc_3_3
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 4) = acc_3_4
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 5) = acc_3_5
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 6) = acc_3_6
-          mlp_out(8*c_tile + dm*(b*n + min(n - 1, 4*i_tile + 3)) + 7) = acc_3_7
         end do
       end do
     end do

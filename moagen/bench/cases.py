@@ -18,8 +18,15 @@ def sizes(kernel: str, n: int) -> dict:
         return dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n)
     if kernel.startswith("rmsnorm"):
         return dict(batch=1, n=n, d=1024)
+    model = dict(batch=1, n=n, dm=512)  # a small model: 8 heads of 64, d_ff = 2.75 d_model
     if kernel.startswith("mlp"):
-        return dict(batch=1, n=n, dm=512, dff=1408)
+        return dict(model, dff=1408)
+    if kernel.startswith(("qkv_proj", "out_proj")):
+        return dict(model, heads=8, dh=64)
+    if kernel.startswith("residual"):
+        return model
+    if kernel.startswith("block"):
+        return dict(model, heads=8, dh=64, dff=1408)
     return dict(batch=1, heads=4, n=n, d=64)
 
 
@@ -28,7 +35,9 @@ LENGTHS = {"attention": ((128,), (256, 512, 1024)),
            "attention_decode": ((4096,), (1024, 8192, 32768)),
            "kv_append": ((4096,), (1024, 32768)),
            "rmsnorm": ((1024,), (1024, 8192)),
-           "mlp": ((256,), (512, 2048))}
+           "mlp": ((256,), (512, 2048)),
+           **{family: ((256,), (512, 2048)) for family in ("qkv_proj", "out_proj", "residual",
+                                                          "block")}}
 
 
 def lengths(kernel: str, quick: bool):

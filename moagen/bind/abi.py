@@ -12,6 +12,8 @@ from numbers import Real
 import numpy as np
 import sympy
 
+from moagen.moa.expr import INDEX_NAMESPACE
+
 
 class KernelCallable:
     def __init__(self, signature, native_call, validate=None):
@@ -24,7 +26,8 @@ class KernelCallable:
         self._validate = validate
         self._dtype = np.dtype(signature.dtype)
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
-        self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape), "math")
+        self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
+                                                 [INDEX_NAMESPACE, "math"])
                           for a in signature.arrays}
         # Each size is read off the first input dimension that is exactly that size; a size
         # that is no input dimension on its own (a KV cache's valid length) is an argument.
@@ -173,7 +176,7 @@ def flat_view(array):
     """A contiguous array as a 1-D view of the same memory, in memory order: what the loaders
     hand to native code. Never a copy, or outputs would be written to the copy."""
     flat = array.reshape(-1, order="A")
-    if not np.may_share_memory(flat, array):
+    if array.size and not np.may_share_memory(flat, array):  # an empty array has no memory
         raise RuntimeError(f"internal error: flattening an array of strides {array.strides} copied it")
     return flat
 

@@ -17,7 +17,7 @@ iterations, counted by moagen.onf.count. Loops the offset does not use but whose
 move the used loops' bounds (a causal row j <= i, a tile, a slice of keys) are replaced by
 their extremes: bounds grow with the outer loops. Accesses with the same region (up to
 renaming loop variables) count once; different regions of one array are taken disjoint,
-except the lanes of a register tile, which are merged into the region they cover together.
+except the lanes of a register tile, which together are the region they cover.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -97,12 +97,30 @@ def minimum_traffic(nests) -> Dict[str, Moved]:
 
 
 def footprint(accs) -> sympy.Expr:
-    """Distinct elements the accesses touch (all of one array)."""
-    regions = {}
-    for a in accs:
-        key, count = region(a.offset, a.loops)
-        regions[key] = count
-    return sympy.factor(sum(regions.values(), sympy.Integer(0)))
+    """Distinct elements the accesses touch (all of one array). The lanes of a register
+    tile, T accesses at T*t + u for u = 0 .. T-1, together touch what one access over the
+    untiled range would: when all T are there, they count as that one region."""
+    items = {region(a.offset, a.loops)[0]: (a.offset, a.loops) for a in accs}
+    merging = True
+    while merging:  # a tile has lanes in rows and in columns: merge one, then the other
+        groups = {}
+        for key, (offset, loops) in items.items():
+            lane = _tile_lane(offset, loops)
+            if lane:
+                merged_offset, merged_loops, u, tiles = lane
+                group = groups.setdefault(region(merged_offset, merged_loops)[0],
+                                          [merged_offset, merged_loops, tiles, set(), []])
+                group[3].add(u)
+                group[4].append(key)
+        merging = False
+        for key, (offset, loops, tiles, seen, members) in groups.items():
+            if seen == set(range(tiles)):
+                for member in members:
+                    items.pop(member, None)
+                items[key] = (offset, loops)
+                merging = True
+    return sympy.factor(sum((region(offset, loops)[1] for offset, loops in items.values()),
+                            sympy.Integer(0)))
 
 
 def working_set(nests) -> Tuple[sympy.Expr, ...]:
@@ -166,7 +184,7 @@ def region(offset, loops: Bounds):
     """(a key equal for equal regions, the number of elements) of one access (cached: the
     same access is asked about by the traffic, the minimum and the working set)."""
     offset, loops = _group_divisions(offset, loops)
-    offset, loops = _merge_tile_lanes(offset, loops)
+    offset, loops = _merge_lane_loops(offset, loops)
     used = offset.free_symbols & {v for v, _, _ in loops}
     chain = tuple((v, _extreme(start, "lo", loops, used), _extreme(stop, "hi", loops, used))
                   for v, start, stop in loops if v in used)
@@ -189,11 +207,33 @@ def _group_divisions(offset, loops: Bounds):
     return offset, loops
 
 
-def _merge_tile_lanes(offset, loops: Bounds):
-    """A register tile's lane u of T, T*t + u with t over [0, S/T), -> one variable over
-    [0, S): the T lanes of a tile together cover what the untiled loop did, so they are one
-    region, not T disjoint ones (a register tile writes every lane)."""
+def _merge_lane_loops(offset, loops: Bounds):
+    """A tile loop t over [0, S/T) and a lane loop l over [0, T) used as T*t + l (a panel's
+    copy) -> one loop over [0, S): the same region as an untiled loop's."""
     for v, start, stop in loops:
+        tiles, count = sympy.fraction(sympy.together(stop))
+        step = sympy.expand(sympy.diff(offset, v))
+        if start != 0 or not count.is_Integer or count < 2 or step == 0:
+            continue
+        for w, w_start, w_stop in loops:
+            if w != v and w_start == 0 and w_stop == count and \
+                    sympy.expand(sympy.diff(offset, w) * count - step) == 0:
+                merged = sympy.Symbol(f"{v}_{w}", integer=True)
+                offset = sympy.expand(offset - step * v - step / count * w + step / count * merged)
+                loops = tuple((merged, sympy.Integer(0), tiles) if u == v else (u, s, e)
+                              for u, s, e in loops if u != w)
+                return _merge_lane_loops(offset, loops)
+    return offset, loops
+
+
+def _tile_lane(offset, loops: Bounds):
+    """An access at lane u of a tile loop t over [0, S/T), stride s (offset = s*(T*t + u) +
+    rest): (the offset with T*t + u made one variable over [0, S), its loops, u, T), or
+    None. Only footprint's grouping decides whether all T lanes are there."""
+    used = offset.free_symbols & {v for v, _, _ in loops}
+    for v, start, stop in loops:
+        # a row block's tiles [16*blk, 16*blk + 16) span [0, S/T) over all blocks
+        start, stop = _extreme(start, "lo", loops, used), _extreme(stop, "hi", loops, used)
         tiles, count = sympy.fraction(sympy.together(stop))
         if start != 0 or not count.is_Integer or count < 2:
             continue
@@ -202,15 +242,17 @@ def _merge_tile_lanes(offset, loops: Bounds):
             continue
         stride = step / count
         rest = sympy.expand(offset - step * v)
+        if any(sympy.diff(rest, w) == stride for w, _, _ in loops if w != v):
+            continue  # the lanes are a loop (a panel's copy), counted as loops are
         lane = sum((t for t in sympy.Add.make_args(rest) if (t / stride).is_Integer),
                    sympy.Integer(0))
         if not (lane / stride).is_Integer or not 0 <= lane / stride < count:
             continue
-        merged = sympy.Dummy(f"{v}_lanes", integer=True)
-        offset = rest - lane + stride * merged
-        loops = tuple((w, s, e) if w != v else (merged, sympy.Integer(0), tiles)
-                      for w, s, e in loops)
-    return offset, loops
+        merged = sympy.Symbol(f"{v}_lanes", integer=True)
+        return (rest - lane + stride * merged,
+                tuple((w, s, e) if w != v else (merged, sympy.Integer(0), tiles)
+                      for w, s, e in loops), int(lane / stride), int(count))
+    return None
 
 
 def _extreme(bound, side, loops: Bounds, used):

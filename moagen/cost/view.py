@@ -69,7 +69,9 @@ def _full_tile(stop, maxima):
     if not isinstance(stop, sympy.Min):
         return stop
     for arg in stop.args:
-        last = arg.xreplace(maxima)
+        last = arg
+        while last.free_symbols & maxima.keys():  # a block's tile ends where its block does
+            last = last.xreplace(maxima)
         if all(_nonnegative(other - last) for other in stop.args if other != arg):
             return arg
     return stop

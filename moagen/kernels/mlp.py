@@ -110,7 +110,8 @@ def _tiled(nests, mr, nr):
     weight gradients over the weight's row tiles; the rest as in _plain."""
     steps = []
     for label, cols in nests["rows"].items():
-        steps += [RegisterTile(label, "i", cols, mr, nr), Parallel(("b", f"{cols}_tile"), nest=label),
+        steps += [RegisterTile(label, "i", cols, mr, nr, row_block=ROW_BLOCK),
+                  Parallel(("b", "i_blk"), nest=label),
                   Parallel(ROWS, nest=f"{label}.edge")]
     for label, (rows, cols) in nests["weights"].items():
         steps += [RegisterTile(label, rows, cols, mr, nr),
@@ -122,7 +123,8 @@ def _tiled(nests, mr, nr):
     return tuple(steps)
 
 
-MR, NR = 4, 8  # a 4 x 8 tile: 8 vector accumulators of 4 doubles, or 4 of 8 floats
+ROW_BLOCK = 96  # 96 rows of a 512-wide operand: 384 KiB, held in a 1 MiB L2
+MR, NR = 6, 8  # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64)
 FORWARD_VARIANTS = {
     # dot products along the model axis, as plain triple loops
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),

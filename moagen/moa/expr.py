@@ -39,6 +39,10 @@ class idiv(sympy.Function):
             return sympy.Integer(a // b)
 
 
+# how index arithmetic evaluates in Python (sympy.lambdify), on integers
+INDEX_NAMESPACE = {"idiv": lambda a, b: a // b, "Min": min, "Max": max}
+
+
 def as_dim(value) -> sympy.Expr:
     if isinstance(value, str):
         return sym(value)

@@ -19,6 +19,7 @@ import sympy
 
 from moagen.errors import SpecError
 from moagen.moa import scalar as S
+from moagen.moa.expr import INDEX_NAMESPACE
 from moagen.onf.loops import Let, Loop, Store, Update
 
 UNARY = {
@@ -40,14 +41,13 @@ BINARY = {
 ORDER = {"row": "C", "col": "F"}
 
 # what the printed names in a lambdified index expression mean
-_INDEX_NAMESPACE = {"idiv": lambda a, b: a // b, "Min": min, "Max": max}
 
 
 @lru_cache(maxsize=None)
 def _lambdified(expr: sympy.Basic):
     names = tuple(sorted(s.name for s in expr.free_symbols))
     fn = sympy.lambdify([sympy.Symbol(n, integer=True) for n in names], expr,
-                        modules=[_INDEX_NAMESPACE, "math"])
+                        modules=[INDEX_NAMESPACE, "math"])
     return names, fn
 
 

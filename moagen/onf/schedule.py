@@ -298,9 +298,11 @@ class Parallel(Transform):
         _check_rectangular(self, chain)
         inner = chain[-1].body
         lets = {s.name for s in walk(inner) if isinstance(s, Let)}
+        blocks = {s.var: _block_owner(s) for s in walk(inner) if isinstance(s, Loop)}
         for s in walk(inner):
             if isinstance(s, Store) and not s.atomic:
                 used = set().union(*(sympy.sympify(i).free_symbols for i in s.index))
+                used |= {blocks[v] for v in used if blocks.get(v) is not None}
                 missing = [lp.var.name for lp in chain if lp.var not in used]
                 if missing:
                     raise ScheduleError(f"{self}: store to {s.array} is not indexed by "
@@ -308,6 +310,20 @@ class Parallel(Transform):
             if isinstance(s, Update) and s.name not in lets:
                 raise ScheduleError(f"{self}: {s.name} is shared by parallel iterations")
         return (replace(chain[0], parallel=len(chain)),)
+
+
+def _block_owner(loop):
+    """The variable v whose iterations own disjoint blocks of this loop, if its range is
+    [T*v + a, at most T*v + a + T) (a block's rows): a store indexed by the loop is then
+    indexed by v as far as races go. None otherwise."""
+    for v in loop.start.free_symbols:
+        step = sympy.diff(loop.start, v)
+        if not (step.is_Integer and step > 0) or loop.start.diff(v, 2) != 0:
+            continue
+        ends = loop.stop.args if isinstance(loop.stop, sympy.Min) else (loop.stop,)
+        if any(sympy.simplify(end - loop.start - step).is_nonpositive for end in ends):
+            return v
+    return None
 
 
 def _share_subexpressions(block, names):

@@ -23,7 +23,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Let, Loop, Nest, ONF, Store, Update, enclose
+from moagen.onf.loops import Buffer, Let, Loop, Nest, ONF, Store, Update, enclose
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
 
@@ -35,13 +35,22 @@ class RegisterTile:
     cols: str
     mr: int = 4
     nr: int = 8
+    pack: bool = True  # copy the column operand into contiguous panels first
+    # rows per cache block (a multiple of mr; 0: none): the row tiles of one block pass
+    # over every column panel while the block's rows of the other operand stay in cache
+    row_block: int = 0
 
     def __str__(self):
-        return f"register_tile({self.nest}, {self.rows} x {self.cols}, {self.mr} x {self.nr})"
+        packed = ", packed" if self.pack else ""
+        block = f", {self.row_block} rows a block" if self.row_block else ""
+        return (f"register_tile({self.nest}, {self.rows} x {self.cols}, {self.mr} x {self.nr}"
+                f"{packed}{block})")
 
     def __call__(self, onf: ONF) -> ONF:
         if self.mr < 1 or self.nr < 1:
             raise ScheduleError(f"{self}: tile sizes must be at least 1")
+        if self.row_block < 0 or self.row_block % self.mr:
+            raise ScheduleError(f"{self}: a row block must be a multiple of {self.mr} rows")
         nest = next((n for n in onf.nests if n.label == self.nest), None)
         if nest is None:
             raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest}")
@@ -63,6 +72,9 @@ class RegisterTile:
         loop_vars = [new_var(base_name(red.var.name)) for red in sums]
         acc_names = Names(names.reserved - names.locals)
         body = S.subs(body, {red.var: v for red, v in zip(sums, loop_vars)})
+        pack = []
+        if self.pack:
+            body, pack = self._pack(body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names)
 
         lets, updates, stores = [], [], []
         for u in range(self.mr):
@@ -79,17 +91,60 @@ class RegisterTile:
         k_loops = [Loop(v, sympy.Integer(0), red.extent, (), vector_tile=True)
                    for red, v in zip(sums, loop_vars)]
         # column tiles outside row tiles: a panel of the operand indexed by columns stays
-        # in cache while every row tile passes over it
+        # in cache while every row tile (of a block) passes over it
+        row_tiles = idiv(rows.stop + self.mr - 1, self.mr)
         tile_loops = [Loop(c_tile, sympy.Integer(0), idiv(cols.stop, self.nr), ()),
-                      Loop(r_tile, sympy.Integer(0), idiv(rows.stop + self.mr - 1, self.mr), ())]
+                      Loop(r_tile, sympy.Integer(0), row_tiles, ())]
+        if self.row_block:
+            r_blk, per_block = new_var(f"{self.rows}_blk"), self.row_block // self.mr
+            tile_loops = [Loop(r_blk, sympy.Integer(0), idiv(row_tiles + per_block - 1, per_block),
+                               ()),
+                          tile_loops[0],
+                          Loop(r_tile, per_block * r_blk, sympy.Min(row_tiles,
+                                                                   per_block * r_blk + per_block),
+                               ())]
         tiles = enclose(outer + tile_loops, lets + list(enclose(k_loops, updates)) + stores)
         edge_cols = replace(cols, start=self.nr * idiv(cols.stop, self.nr))
         edge = enclose(outer + [rows, edge_cols], (store,))
-        nests = []
+        nests, temps = [], onf.temps
         for n in onf.nests:
-            nests += ([replace(n, body=tiles), Nest(n.target, edge, n.origin,
-                                                    f"{n.label}.edge")] if n is nest else [n])
-        return onf.with_nests(nests, str(self))
+            if n is not nest:
+                nests.append(n)
+                continue
+            for operand, panel, copy in pack:  # U.pack_Wg fills Wg_panel
+                nests.append(Nest(panel.name, copy, n.origin, f"{n.label}.pack_{operand}"))
+                temps += (panel,)
+            nests += [replace(n, body=tiles), Nest(n.target, edge, n.origin, f"{n.label}.edge")]
+        return replace(onf.with_nests(nests, str(self)), temps=temps)
+
+    def _pack(self, body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names):
+        """Panels: each operand indexed by the columns (and not the rows), copied so that a
+        tile reads nr consecutive numbers per step of the sum, the steps one after the
+        other: panel[outer.., c_tile, k.., v] = B[.., k.., nr*c_tile + v]. A weight's rows
+        a multiple of 512 bytes apart would otherwise share a few cache sets. The copy
+        nest is parallel over its first loop: each iteration fills its own panels."""
+        operands = dict.fromkeys(e for e in S.subexpressions(body) if isinstance(e, S.Access)
+                                 and cols.var in _symbols(e) and rows.var not in _symbols(e))
+        if not operands:
+            raise ScheduleError(f"{self}: no operand is indexed by {self.cols} and not "
+                                f"{self.rows}: nothing to pack")
+        lanes, packed = new_var("lane"), []
+        for operand in operands:
+            used = [lp for lp in outer if lp.var in _symbols(operand)]
+            panel = Buffer(names.claim(names.new(f"{operand.array}_panel")),
+                           tuple(lp.stop for lp in used) + (idiv(cols.stop, self.nr),)
+                           + tuple(red.extent for red in sums) + (sympy.Integer(self.nr),))
+            head = tuple(lp.var for lp in used) + (c_tile,) + tuple(loop_vars)
+            copy = Store(panel.name, head + (lanes,),
+                         S.subs(operand, {cols.var: self.nr * c_tile + lanes}))
+            loops = used + [Loop(c_tile, sympy.Integer(0), idiv(cols.stop, self.nr), ())] + [
+                Loop(v, sympy.Integer(0), red.extent, ()) for red, v in zip(sums, loop_vars)] + [
+                Loop(lanes, sympy.Integer(0), sympy.Integer(self.nr), ())]
+            copy_nest = enclose(loops, (copy,))
+            packed.append((operand.array, panel, (replace(copy_nest[0], parallel=1),)))
+            body = _replace_access(body, operand,
+                                   S.Access(panel.name, head + (cols.var - self.nr * c_tile,)))
+        return body, packed
 
     def _pattern(self, nest: Nest):
         """The loops down to a single plain store, the last two being rows and cols."""
@@ -141,6 +196,16 @@ def _outermost_reductions(e):
         return
     for c in S.children(e):
         yield from _outermost_reductions(c)
+
+
+def _symbols(access):
+    return set().union(*(sympy.sympify(i).free_symbols for i in access.index))
+
+
+def _replace_access(e, old, new):
+    if e == old:
+        return new
+    return S.map_children(e, lambda c: _replace_access(c, old, new))
 
 
 def _replace_once(e, target, local):
