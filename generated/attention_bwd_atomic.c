@@ -32,6 +32,7 @@ void attention_bwd_atomic_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -46,6 +47,7 @@ void attention_bwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
@@ -78,15 +80,18 @@ void attention_bwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -113,11 +118,13 @@ void attention_bwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -157,6 +164,7 @@ void attention_bwd_atomic_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -171,6 +179,7 @@ void attention_bwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
@@ -203,15 +212,18 @@ void attention_bwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -238,11 +250,13 @@ void attention_bwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }

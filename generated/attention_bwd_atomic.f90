@@ -33,6 +33,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -47,6 +48,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -79,15 +81,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -117,11 +122,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -162,6 +169,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -176,6 +184,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -208,15 +217,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -246,11 +258,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do

@@ -37,6 +37,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -51,6 +52,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -83,15 +85,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -121,11 +126,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -169,6 +176,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -183,6 +191,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -215,15 +224,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -253,11 +265,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do

@@ -32,6 +32,7 @@ void attention_bwd_causal_dnf_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -55,15 +56,18 @@ void attention_bwd_causal_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -91,15 +95,18 @@ void attention_bwd_causal_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -124,11 +131,13 @@ void attention_bwd_causal_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -168,6 +177,7 @@ void attention_bwd_causal_dnf_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -191,15 +201,18 @@ void attention_bwd_causal_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -227,15 +240,18 @@ void attention_bwd_causal_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -260,11 +276,13 @@ void attention_bwd_causal_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }

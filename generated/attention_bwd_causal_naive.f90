@@ -43,6 +43,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -60,6 +61,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -79,6 +81,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -97,6 +100,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -114,6 +118,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
@@ -131,6 +136,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do
@@ -176,6 +182,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -193,6 +200,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -212,6 +220,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -230,6 +239,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -247,6 +257,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
@@ -264,6 +275,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do

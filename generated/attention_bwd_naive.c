@@ -38,6 +38,7 @@ void attention_bwd_naive_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -54,6 +55,7 @@ void attention_bwd_naive_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -73,6 +75,7 @@ void attention_bwd_naive_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -90,6 +93,7 @@ void attention_bwd_naive_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -107,6 +111,7 @@ void attention_bwd_naive_f64(
             for (int64_t j = 0; j < n; ++j) {
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
                     }
@@ -124,6 +129,7 @@ void attention_bwd_naive_f64(
             for (int64_t j = 0; j < n; ++j) {
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
                     }
@@ -166,6 +172,7 @@ void attention_bwd_naive_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -182,6 +189,7 @@ void attention_bwd_naive_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -201,6 +209,7 @@ void attention_bwd_naive_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -218,6 +227,7 @@ void attention_bwd_naive_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -235,6 +245,7 @@ void attention_bwd_naive_f32(
             for (int64_t j = 0; j < n; ++j) {
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += dS[j + n*(i + n*(b*heads + h))] * Q[c + d*(i + n*(b*heads + h))];
                     }
@@ -252,6 +263,7 @@ void attention_bwd_naive_f32(
             for (int64_t j = 0; j < n; ++j) {
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t i = 0; i < n; ++i) {
                         acc += P[j + n*(i + n*(b*heads + h))] * dO[c + d*(i + n*(b*heads + h))];
                     }

@@ -39,6 +39,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -55,6 +56,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -74,6 +76,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -92,6 +95,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -109,6 +113,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
@@ -126,6 +131,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do
@@ -168,6 +174,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -184,6 +191,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
@@ -203,6 +211,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -221,6 +230,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -238,6 +248,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + dS(j + n*(i + n*(b*heads + h))) * Q(c + d*(i + n*(b*heads + h)))
             end do
@@ -255,6 +266,7 @@ contains
         do j = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do i = 0, n - 1
               acc = acc + P(j + n*(i + n*(b*heads + h))) * dO(c + d*(i + n*(b*heads + h)))
             end do

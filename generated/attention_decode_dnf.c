@@ -77,12 +77,14 @@ void attention_decode_dnf_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = 0.0;
             }
             double row_max = -INFINITY;
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -91,6 +93,7 @@ void attention_decode_dnf_f64(
             double row_sum = 0.0;
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -98,6 +101,7 @@ void attention_decode_dnf_f64(
             }
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -182,12 +186,14 @@ void attention_decode_dnf_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = 0.0f;
             }
             float row_max = -INFINITY;
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -196,6 +202,7 @@ void attention_decode_dnf_f32(
             float row_sum = 0.0f;
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -203,6 +210,7 @@ void attention_decode_dnf_f32(
             }
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }

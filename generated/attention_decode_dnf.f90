@@ -79,12 +79,14 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, j, row_max, qk, row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = 0.0_c_double
         end do
         row_max = neg_inf
         do j = 0, n - 1
           qk = 0.0_c_double
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -94,6 +96,7 @@ contains
         row_sum = 0.0_c_double
         do j = 0, n - 1
           qk = 0.0_c_double
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -102,6 +105,7 @@ contains
         end do
         do j = 0, n - 1
           qk = 0.0_c_double
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -188,12 +192,14 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c, j, row_max, qk, row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = 0.0_c_float
         end do
         row_max = neg_inf
         do j = 0, n - 1
           qk = 0.0_c_float
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -203,6 +209,7 @@ contains
         row_sum = 0.0_c_float
         do j = 0, n - 1
           qk = 0.0_c_float
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -211,6 +218,7 @@ contains
         end do
         do j = 0, n - 1
           qk = 0.0_c_float
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))

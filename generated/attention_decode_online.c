@@ -77,6 +77,7 @@ void attention_decode_online_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = 0.0;
             }
@@ -84,6 +85,7 @@ void attention_decode_online_f64(
             double row_sum = 0.0;
             for (int64_t j = 0; j < n; ++j) {
                 double qk = 0.0;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -92,11 +94,13 @@ void attention_decode_online_f64(
                 const double rescale = exp(row_max - new_max);
                 const double p = exp(score - new_max);
                 row_sum = row_sum * rescale + p;
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
                 row_max = new_max;
             }
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
             }
@@ -176,6 +180,7 @@ void attention_decode_online_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = 0.0f;
             }
@@ -183,6 +188,7 @@ void attention_decode_online_f32(
             float row_sum = 0.0f;
             for (int64_t j = 0; j < n; ++j) {
                 float qk = 0.0f;
+                #pragma omp simd reduction(+:qk)
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
@@ -191,11 +197,13 @@ void attention_decode_online_f32(
                 const float rescale = expf(row_max - new_max);
                 const float p = expf(score - new_max);
                 row_sum = row_sum * rescale + p;
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
                 row_max = new_max;
             }
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
             }

@@ -81,6 +81,7 @@ contains
     !$omp& new_max, rescale, p)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = 0.0_c_double
         end do
@@ -88,6 +89,7 @@ contains
         row_sum = 0.0_c_double
         do j = 0, n - 1
           qk = 0.0_c_double
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -97,12 +99,14 @@ contains
           rescale = exp(row_max - new_max)
           p = exp(score - new_max)
           row_sum = row_sum * rescale + p
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) * rescale + p * V(c + &
                 & d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
           end do
           row_max = new_max
         end do
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) / row_sum
         end do
@@ -184,6 +188,7 @@ contains
     !$omp& new_max, rescale, p)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = 0.0_c_float
         end do
@@ -191,6 +196,7 @@ contains
         row_sum = 0.0_c_float
         do j = 0, n - 1
           qk = 0.0_c_float
+          !$omp simd reduction(+:qk)
           do c = 0, d - 1
             qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
                 & d*(b*q_heads + h))
@@ -200,12 +206,14 @@ contains
           rescale = exp(row_max - new_max)
           p = exp(score - new_max)
           row_sum = row_sum * rescale + p
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) * rescale + p * V(c + &
                 & d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
           end do
           row_max = new_max
         end do
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) / row_sum
         end do

@@ -81,6 +81,7 @@ void attention_decode_split_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
             for (int64_t s = 0; s < 16; ++s) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 16*h + s)] = 0.0;
                 }
@@ -88,6 +89,7 @@ void attention_decode_split_f64(
                 double row_sum = 0.0;
                 for (int64_t j = s*((n + 15) / 16); j < (n < s*((n + 15) / 16) + ((n + 15) / 16) ? n : s*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                     }
@@ -96,6 +98,7 @@ void attention_decode_split_f64(
                     const double rescale = exp(row_max - new_max);
                     const double p = exp(score - new_max);
                     row_sum = row_sum * rescale + p;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O_part[c + d*(16*b*q_heads + 16*h + s)] = O_part[c + d*(16*b*q_heads + 16*h + s)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                     }
@@ -163,20 +166,24 @@ void attention_decode_split_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
             double row_max = -INFINITY;
+            #pragma omp simd reduction(max:row_max)
             for (int64_t s = 0; s < 16; ++s) {
                 row_max = fmax(row_max, row_max_part[16*b*q_heads + 16*h + s]);
             }
             double row_sum = 0.0;
+            #pragma omp simd reduction(+:row_sum)
             for (int64_t s = 0; s < 16; ++s) {
                 row_sum += row_sum_part[16*b*q_heads + 16*h + s] * exp(row_max_part[16*b*q_heads + 16*h + s] - row_max);
             }
             for (int64_t c = 0; c < d; ++c) {
                 double acc = 0.0;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t s = 0; s < 16; ++s) {
                     acc += O_part[c + d*(16*b*q_heads + 16*h + s)] * exp(row_max_part[16*b*q_heads + 16*h + s] - row_max);
                 }
                 O[c + d*(b*q_heads + h)] = acc;
             }
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
             }
@@ -260,6 +267,7 @@ void attention_decode_split_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
             for (int64_t s = 0; s < 16; ++s) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O_part[c + d*(16*b*q_heads + 16*h + s)] = 0.0f;
                 }
@@ -267,6 +275,7 @@ void attention_decode_split_f32(
                 float row_sum = 0.0f;
                 for (int64_t j = s*((n + 15) / 16); j < (n < s*((n + 15) / 16) + ((n + 15) / 16) ? n : s*((n + 15) / 16) + ((n + 15) / 16)); ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                     }
@@ -275,6 +284,7 @@ void attention_decode_split_f32(
                     const float rescale = expf(row_max - new_max);
                     const float p = expf(score - new_max);
                     row_sum = row_sum * rescale + p;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O_part[c + d*(16*b*q_heads + 16*h + s)] = O_part[c + d*(16*b*q_heads + 16*h + s)] * rescale + p * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                     }
@@ -342,20 +352,24 @@ void attention_decode_split_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < q_heads; ++h) {
             float row_max = -INFINITY;
+            #pragma omp simd reduction(max:row_max)
             for (int64_t s = 0; s < 16; ++s) {
                 row_max = fmaxf(row_max, row_max_part[16*b*q_heads + 16*h + s]);
             }
             float row_sum = 0.0f;
+            #pragma omp simd reduction(+:row_sum)
             for (int64_t s = 0; s < 16; ++s) {
                 row_sum += row_sum_part[16*b*q_heads + 16*h + s] * expf(row_max_part[16*b*q_heads + 16*h + s] - row_max);
             }
             for (int64_t c = 0; c < d; ++c) {
                 float acc = 0.0f;
+                #pragma omp simd reduction(+:acc)
                 for (int64_t s = 0; s < 16; ++s) {
                     acc += O_part[c + d*(16*b*q_heads + 16*h + s)] * expf(row_max_part[16*b*q_heads + 16*h + s] - row_max);
                 }
                 O[c + d*(b*q_heads + h)] = acc;
             }
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 O[c + d*(b*q_heads + h)] = O[c + d*(b*q_heads + h)] / row_sum;
             }

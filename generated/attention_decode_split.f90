@@ -85,6 +85,7 @@ contains
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         do s = 0, 15
+          !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 16*h + s)) = 0.0_c_double
           end do
@@ -92,6 +93,7 @@ contains
           row_sum = 0.0_c_double
           do j = s*((n + 15) / 16), min(n, s*((n + 15) / 16) + ((n + 15) / 16)) - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c &
                   & + d*(b*q_heads + h))
@@ -101,6 +103,7 @@ contains
             rescale = exp(row_max - new_max)
             p = exp(score - new_max)
             row_sum = row_sum * rescale + p
+            !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 16*h + s)) = O_part(c + d*(16*b*q_heads + 16*h + s)) * &
                   & rescale + p * V(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
@@ -169,22 +172,26 @@ contains
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         row_max = neg_inf
+        !$omp simd reduction(max:row_max)
         do s = 0, 15
           row_max = max(row_max, row_max_part(16*b*q_heads + 16*h + s))
         end do
         row_sum = 0.0_c_double
+        !$omp simd reduction(+:row_sum)
         do s = 0, 15
           row_sum = row_sum + row_sum_part(16*b*q_heads + 16*h + s) * &
               & exp(row_max_part(16*b*q_heads + 16*h + s) - row_max)
         end do
         do c = 0, d - 1
           acc = 0.0_c_double
+          !$omp simd reduction(+:acc)
           do s = 0, 15
             acc = acc + O_part(c + d*(16*b*q_heads + 16*h + s)) * exp(row_max_part(16*b*q_heads + &
                 & 16*h + s) - row_max)
           end do
           O(c + d*(b*q_heads + h)) = acc
         end do
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) / row_sum
         end do
@@ -270,6 +277,7 @@ contains
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         do s = 0, 15
+          !$omp simd
           do c = 0, d - 1
             O_part(c + d*(16*b*q_heads + 16*h + s)) = 0.0_c_float
           end do
@@ -277,6 +285,7 @@ contains
           row_sum = 0.0_c_float
           do j = s*((n + 15) / 16), min(n, s*((n + 15) / 16) + ((n + 15) / 16)) - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c &
                   & + d*(b*q_heads + h))
@@ -286,6 +295,7 @@ contains
             rescale = exp(row_max - new_max)
             p = exp(score - new_max)
             row_sum = row_sum * rescale + p
+            !$omp simd
             do c = 0, d - 1
               O_part(c + d*(16*b*q_heads + 16*h + s)) = O_part(c + d*(16*b*q_heads + 16*h + s)) * &
                   & rescale + p * V(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j))
@@ -354,22 +364,26 @@ contains
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         row_max = neg_inf
+        !$omp simd reduction(max:row_max)
         do s = 0, 15
           row_max = max(row_max, row_max_part(16*b*q_heads + 16*h + s))
         end do
         row_sum = 0.0_c_float
+        !$omp simd reduction(+:row_sum)
         do s = 0, 15
           row_sum = row_sum + row_sum_part(16*b*q_heads + 16*h + s) * &
               & exp(row_max_part(16*b*q_heads + 16*h + s) - row_max)
         end do
         do c = 0, d - 1
           acc = 0.0_c_float
+          !$omp simd reduction(+:acc)
           do s = 0, 15
             acc = acc + O_part(c + d*(16*b*q_heads + 16*h + s)) * exp(row_max_part(16*b*q_heads + &
                 & 16*h + s) - row_max)
           end do
           O(c + d*(b*q_heads + h)) = acc
         end do
+        !$omp simd
         do c = 0, d - 1
           O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) / row_sum
         end do

@@ -55,12 +55,14 @@ void attention_fwd_causal_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 double row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -69,6 +71,7 @@ void attention_fwd_causal_dnf_f64(
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -76,6 +79,7 @@ void attention_fwd_causal_dnf_f64(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -139,12 +143,14 @@ void attention_fwd_causal_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 float row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -153,6 +159,7 @@ void attention_fwd_causal_dnf_f32(
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -160,6 +167,7 @@ void attention_fwd_causal_dnf_f32(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }

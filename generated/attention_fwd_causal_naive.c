@@ -30,6 +30,7 @@ void attention_fwd_causal_naive_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -52,13 +53,16 @@ void attention_fwd_causal_naive_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double row_max = -INFINITY;
+                #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
                     row_max = fmax(row_max, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 double row_sum = 0.0;
+                #pragma omp simd reduction(+:row_sum)
                 for (int64_t j = 0; j < n; ++j) {
                     row_sum += exp(scores[j + n*(i + n*(b*heads + h))] - row_max);
                 }
+                #pragma omp simd
                 for (int64_t j = 0; j < n; ++j) {
                     probs[j + n*(i + n*(b*heads + h))] = exp(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
                 }
@@ -74,6 +78,7 @@ void attention_fwd_causal_naive_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 0; c < d; ++c) {
                     double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -98,10 +103,12 @@ void attention_fwd_causal_naive_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double row_max2 = -INFINITY;
+                #pragma omp simd reduction(max:row_max2)
                 for (int64_t j = 0; j < n; ++j) {
                     row_max2 = fmax(row_max2, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 double row_sum2 = 0.0;
+                #pragma omp simd reduction(+:row_sum2)
                 for (int64_t j = 0; j < n; ++j) {
                     row_sum2 += exp(scores[j + n*(i + n*(b*heads + h))] - row_max2);
                 }
@@ -135,6 +142,7 @@ void attention_fwd_causal_naive_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -157,13 +165,16 @@ void attention_fwd_causal_naive_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float row_max = -INFINITY;
+                #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
                     row_max = fmaxf(row_max, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 float row_sum = 0.0f;
+                #pragma omp simd reduction(+:row_sum)
                 for (int64_t j = 0; j < n; ++j) {
                     row_sum += expf(scores[j + n*(i + n*(b*heads + h))] - row_max);
                 }
+                #pragma omp simd
                 for (int64_t j = 0; j < n; ++j) {
                     probs[j + n*(i + n*(b*heads + h))] = expf(scores[j + n*(i + n*(b*heads + h))] - row_max) / row_sum;
                 }
@@ -179,6 +190,7 @@ void attention_fwd_causal_naive_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 0; c < d; ++c) {
                     float acc = 0.0f;
+                    #pragma omp simd reduction(+:acc)
                     for (int64_t j = 0; j < n; ++j) {
                         acc += probs[j + n*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -203,10 +215,12 @@ void attention_fwd_causal_naive_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float row_max2 = -INFINITY;
+                #pragma omp simd reduction(max:row_max2)
                 for (int64_t j = 0; j < n; ++j) {
                     row_max2 = fmaxf(row_max2, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 float row_sum2 = 0.0f;
+                #pragma omp simd reduction(+:row_sum2)
                 for (int64_t j = 0; j < n; ++j) {
                     row_sum2 += expf(scores[j + n*(i + n*(b*heads + h))] - row_max2);
                 }

@@ -35,6 +35,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -57,13 +58,16 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           row_max = neg_inf
+          !$omp simd reduction(max:row_max)
           do j = 0, n - 1
             row_max = max(row_max, scores(j + n*(i + n*(b*heads + h))))
           end do
           row_sum = 0.0_c_double
+          !$omp simd reduction(+:row_sum)
           do j = 0, n - 1
             row_sum = row_sum + exp(scores(j + n*(i + n*(b*heads + h))) - row_max)
           end do
+          !$omp simd
           do j = 0, n - 1
             probs(j + n*(i + n*(b*heads + h))) = exp(scores(j + n*(i + n*(b*heads + h))) - &
                 & row_max) / row_sum
@@ -80,6 +84,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_double
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + probs(j + n*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -104,10 +109,12 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           row_max2 = neg_inf
+          !$omp simd reduction(max:row_max2)
           do j = 0, n - 1
             row_max2 = max(row_max2, scores(j + n*(i + n*(b*heads + h))))
           end do
           row_sum2 = 0.0_c_double
+          !$omp simd reduction(+:row_sum2)
           do j = 0, n - 1
             row_sum2 = row_sum2 + exp(scores(j + n*(i + n*(b*heads + h))) - row_max2)
           end do
@@ -144,6 +151,7 @@ contains
         do i = 0, n - 1
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -166,13 +174,16 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           row_max = neg_inf
+          !$omp simd reduction(max:row_max)
           do j = 0, n - 1
             row_max = max(row_max, scores(j + n*(i + n*(b*heads + h))))
           end do
           row_sum = 0.0_c_float
+          !$omp simd reduction(+:row_sum)
           do j = 0, n - 1
             row_sum = row_sum + exp(scores(j + n*(i + n*(b*heads + h))) - row_max)
           end do
+          !$omp simd
           do j = 0, n - 1
             probs(j + n*(i + n*(b*heads + h))) = exp(scores(j + n*(i + n*(b*heads + h))) - &
                 & row_max) / row_sum
@@ -189,6 +200,7 @@ contains
         do i = 0, n - 1
           do c = 0, d - 1
             acc = 0.0_c_float
+            !$omp simd reduction(+:acc)
             do j = 0, n - 1
               acc = acc + probs(j + n*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -213,10 +225,12 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           row_max2 = neg_inf
+          !$omp simd reduction(max:row_max2)
           do j = 0, n - 1
             row_max2 = max(row_max2, scores(j + n*(i + n*(b*heads + h))))
           end do
           row_sum2 = 0.0_c_float
+          !$omp simd reduction(+:row_sum2)
           do j = 0, n - 1
             row_sum2 = row_sum2 + exp(scores(j + n*(i + n*(b*heads + h))) - row_max2)
           end do

@@ -55,6 +55,7 @@ void attention_fwd_causal_online_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
@@ -63,6 +64,7 @@ void attention_fwd_causal_online_f64(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         double qk = 0.0;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                         }
@@ -71,12 +73,14 @@ void attention_fwd_causal_online_f64(
                         const double rescale = exp(row_max - new_max);
                         const double p = exp(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale + p * V[c + d*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] / row_sum;
                 }
@@ -135,6 +139,7 @@ void attention_fwd_causal_online_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
@@ -143,6 +148,7 @@ void attention_fwd_causal_online_f32(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         float qk = 0.0f;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                         }
@@ -151,12 +157,14 @@ void attention_fwd_causal_online_f32(
                         const float rescale = expf(row_max - new_max);
                         const float p = expf(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale + p * V[c + d*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] / row_sum;
                 }

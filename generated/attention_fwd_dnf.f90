@@ -63,12 +63,14 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -77,6 +79,7 @@ contains
           row_sum = 0.0_c_double
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -84,6 +87,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -154,12 +158,14 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -168,6 +174,7 @@ contains
           row_sum = 0.0_c_float
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -175,6 +182,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do

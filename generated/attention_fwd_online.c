@@ -59,6 +59,7 @@ void attention_fwd_online_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
@@ -67,6 +68,7 @@ void attention_fwd_online_f64(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         double qk = 0.0;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                         }
@@ -75,12 +77,14 @@ void attention_fwd_online_f64(
                         const double rescale = exp(row_max - new_max);
                         const double p = exp(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale + p * V[c + d*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] / row_sum;
                 }
@@ -143,6 +147,7 @@ void attention_fwd_online_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
@@ -151,6 +156,7 @@ void attention_fwd_online_f32(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         float qk = 0.0f;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                         }
@@ -159,12 +165,14 @@ void attention_fwd_online_f32(
                         const float rescale = expf(row_max - new_max);
                         const float p = expf(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale + p * V[c + d*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] / row_sum;
                 }

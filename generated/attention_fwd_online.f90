@@ -64,6 +64,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -72,6 +73,7 @@ contains
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_double
+              !$omp simd reduction(+:qk)
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
               end do
@@ -80,6 +82,7 @@ contains
               rescale = exp(row_max - new_max)
               p = exp(score - new_max)
               row_sum = row_sum * rescale + p
+              !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale + p * &
                     & V(c + d*(j + n*(b*heads + h)))
@@ -87,6 +90,7 @@ contains
               row_max = new_max
             end do
           end do
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) / row_sum
           end do
@@ -152,6 +156,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -160,6 +165,7 @@ contains
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_float
+              !$omp simd reduction(+:qk)
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
               end do
@@ -168,6 +174,7 @@ contains
               rescale = exp(row_max - new_max)
               p = exp(score - new_max)
               row_sum = row_sum * rescale + p
+              !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale + p * &
                     & V(c + d*(j + n*(b*heads + h)))
@@ -175,6 +182,7 @@ contains
               row_max = new_max
             end do
           end do
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) / row_sum
           end do

@@ -30,6 +30,7 @@ void attention_fwdbwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
@@ -43,6 +44,7 @@ void attention_fwdbwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
@@ -118,6 +120,7 @@ void attention_fwdbwd_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
@@ -125,6 +128,7 @@ void attention_fwdbwd_atomic_f64(
                 double row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -133,6 +137,7 @@ void attention_fwdbwd_atomic_f64(
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -140,6 +145,7 @@ void attention_fwdbwd_atomic_f64(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -150,16 +156,19 @@ void attention_fwdbwd_atomic_f64(
                 }
                 lse[i + n*(b*heads + h)] = row_max + log(row_sum);
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -201,6 +210,7 @@ void attention_fwdbwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
@@ -214,6 +224,7 @@ void attention_fwdbwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
@@ -289,6 +300,7 @@ void attention_fwdbwd_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
@@ -296,6 +308,7 @@ void attention_fwdbwd_atomic_f32(
                 float row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -304,6 +317,7 @@ void attention_fwdbwd_atomic_f32(
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -311,6 +325,7 @@ void attention_fwdbwd_atomic_f32(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -321,16 +336,19 @@ void attention_fwdbwd_atomic_f32(
                 }
                 lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }

@@ -35,6 +35,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -48,6 +49,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -124,6 +126,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_double
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_double
@@ -131,6 +134,7 @@ contains
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -139,6 +143,7 @@ contains
           row_sum = 0.0_c_double
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -146,6 +151,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -157,16 +163,19 @@ contains
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -214,6 +223,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -227,6 +237,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -303,6 +314,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_float
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_float
@@ -310,6 +322,7 @@ contains
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -318,6 +331,7 @@ contains
           row_sum = 0.0_c_float
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -325,6 +339,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -336,16 +351,19 @@ contains
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do

@@ -30,6 +30,7 @@ void attention_fwdbwd_causal_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
@@ -43,6 +44,7 @@ void attention_fwdbwd_causal_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
@@ -112,6 +114,7 @@ void attention_fwdbwd_causal_atomic_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
@@ -119,6 +122,7 @@ void attention_fwdbwd_causal_atomic_f64(
                 double row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -127,6 +131,7 @@ void attention_fwdbwd_causal_atomic_f64(
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -134,6 +139,7 @@ void attention_fwdbwd_causal_atomic_f64(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -144,16 +150,19 @@ void attention_fwdbwd_causal_atomic_f64(
                 }
                 lse[i + n*(b*heads + h)] = row_max + log(row_sum);
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -195,6 +204,7 @@ void attention_fwdbwd_causal_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
@@ -208,6 +218,7 @@ void attention_fwdbwd_causal_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
@@ -277,6 +288,7 @@ void attention_fwdbwd_causal_atomic_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
@@ -284,6 +296,7 @@ void attention_fwdbwd_causal_atomic_f32(
                 float row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -292,6 +305,7 @@ void attention_fwdbwd_causal_atomic_f32(
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -299,6 +313,7 @@ void attention_fwdbwd_causal_atomic_f32(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -309,16 +324,19 @@ void attention_fwdbwd_causal_atomic_f32(
                 }
                 lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }

@@ -35,6 +35,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -48,6 +49,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -118,6 +120,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_double
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_double
@@ -125,6 +128,7 @@ contains
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -133,6 +137,7 @@ contains
           row_sum = 0.0_c_double
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -140,6 +145,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -151,16 +157,19 @@ contains
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
@@ -208,6 +217,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dK(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -221,6 +231,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             dV(c + d*(j + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -291,6 +302,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(i + n*(b*heads + h))) = 0.0_c_float
             dQ(c + d*(i + n*(b*heads + h))) = 0.0_c_float
@@ -298,6 +310,7 @@ contains
           row_max = neg_inf
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -306,6 +319,7 @@ contains
           row_sum = 0.0_c_float
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -313,6 +327,7 @@ contains
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
@@ -324,16 +339,19 @@ contains
           end do
           lse(i + n*(b*heads + h)) = row_max + log(row_sum)
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, d - 1
             rowdot = rowdot + dO(c + d*(i + n*(b*heads + h))) * O(c + d*(i + n*(b*heads + h)))
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, d - 1
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, d - 1
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do

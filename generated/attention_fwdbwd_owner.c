@@ -65,12 +65,14 @@ void attention_fwdbwd_owner_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 double row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -79,6 +81,7 @@ void attention_fwdbwd_owner_f64(
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -86,6 +89,7 @@ void attention_fwdbwd_owner_f64(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -96,6 +100,7 @@ void attention_fwdbwd_owner_f64(
                 }
                 lse[i + n*(b*heads + h)] = row_max + log(row_sum);
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -119,15 +124,18 @@ void attention_fwdbwd_owner_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -164,17 +172,20 @@ void attention_fwdbwd_owner_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0;
                     dV[c + d*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -248,12 +259,14 @@ void attention_fwdbwd_owner_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 float row_max = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -262,6 +275,7 @@ void attention_fwdbwd_owner_f32(
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -269,6 +283,7 @@ void attention_fwdbwd_owner_f32(
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -279,6 +294,7 @@ void attention_fwdbwd_owner_f32(
                 }
                 lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < d; ++c) {
                     rowdot += dO[c + d*(i + n*(b*heads + h))] * O[c + d*(i + n*(b*heads + h))];
                 }
@@ -302,15 +318,18 @@ void attention_fwdbwd_owner_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dQ[c + d*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -347,17 +366,20 @@ void attention_fwdbwd_owner_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dK[c + d*(j + n*(b*heads + h))] = 0.0f;
                     dV[c + d*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < d; ++c) {
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }

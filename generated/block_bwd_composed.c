@@ -95,6 +95,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
@@ -106,6 +107,7 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -117,6 +119,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
             }
@@ -290,6 +293,7 @@ void block_bwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
                 }
@@ -304,6 +308,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -477,6 +482,7 @@ void block_bwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -491,6 +497,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
                 mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
@@ -503,6 +510,7 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -514,6 +522,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
             }
@@ -525,6 +534,7 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -537,6 +547,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
             }
@@ -550,6 +561,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
             }
@@ -725,6 +737,7 @@ void block_bwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 double dug = 0.0;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
                 }
@@ -740,6 +753,7 @@ void block_bwd_composed_f64(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -913,6 +927,7 @@ void block_bwd_composed_f64(
             double batch_g = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdu = 0.0;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
                 }
@@ -929,6 +944,7 @@ void block_bwd_composed_f64(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -1102,6 +1118,7 @@ void block_bwd_composed_f64(
             double batch_u = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdv = 0.0;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
                 }
@@ -1117,6 +1134,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
@@ -1130,6 +1148,7 @@ void block_bwd_composed_f64(
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
                 }
@@ -1303,6 +1322,7 @@ void block_bwd_composed_f64(
             double batch_d = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double hdf = 0.0;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
                 }
@@ -1325,10 +1345,12 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double dot = 0.0;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < dm; ++c) {
                 dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
             const double t = dot / (double)dm;
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
             }
@@ -1344,6 +1366,7 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             norm2_dweight_part[c + dm*p] = 0.0;
         }
@@ -1365,6 +1388,7 @@ void block_bwd_composed_f64(
      */
     for (int64_t c = 0; c < dm; ++c) {
         double dweight_sum = 0.0;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += norm2_dweight_part[c + dm*p];
         }
@@ -1377,6 +1401,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
             }
@@ -1389,6 +1414,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
             for (int64_t c = 0; c < dh; ++c) {
                 out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
             }
@@ -1402,6 +1428,7 @@ void block_bwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
                 }
@@ -1577,6 +1604,7 @@ void block_bwd_composed_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double yw = 0.0;
+                    #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
@@ -1593,6 +1621,7 @@ void block_bwd_composed_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
                 }
@@ -1769,6 +1798,7 @@ void block_bwd_composed_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double oy = 0.0;
+                    #pragma omp simd reduction(+:oy)
                     for (int64_t i = 0; i < n; ++i) {
                         oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
                     }
@@ -1787,6 +1817,7 @@ void block_bwd_composed_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 double rowdot = 0.0;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < dh; ++c) {
                     rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
                 }
@@ -1811,15 +1842,18 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dQ[c + dh*(i + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
@@ -1848,15 +1882,18 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dK[c + dh*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     double dov = 0.0;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
@@ -1882,11 +1919,13 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dV[c + dh*(j + n*(b*heads + h))] = 0.0;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     double qk = 0.0;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
@@ -1905,6 +1944,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
@@ -1917,6 +1957,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
             }
@@ -1929,6 +1970,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
             }
@@ -1941,6 +1983,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
             }
@@ -1956,6 +1999,7 @@ void block_bwd_composed_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -1972,6 +2016,7 @@ void block_bwd_composed_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -1988,6 +2033,7 @@ void block_bwd_composed_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -2168,6 +2214,7 @@ void block_bwd_composed_f64(
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     double gw = 0.0;
+                    #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
                         gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
                     }
@@ -2186,6 +2233,7 @@ void block_bwd_composed_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -2363,6 +2411,7 @@ void block_bwd_composed_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
@@ -2381,6 +2430,7 @@ void block_bwd_composed_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -2558,6 +2608,7 @@ void block_bwd_composed_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
@@ -2576,6 +2627,7 @@ void block_bwd_composed_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -2753,6 +2805,7 @@ void block_bwd_composed_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
@@ -2776,10 +2829,12 @@ void block_bwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double dot = 0.0;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < dm; ++c) {
                 dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
             const double t = dot / (double)dm;
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
             }
@@ -2795,6 +2850,7 @@ void block_bwd_composed_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             norm1_dweight_part[c + dm*p] = 0.0;
         }
@@ -2816,6 +2872,7 @@ void block_bwd_composed_f64(
      */
     for (int64_t c = 0; c < dm; ++c) {
         double dweight_sum = 0.0;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += norm1_dweight_part[c + dm*p];
         }
@@ -2828,6 +2885,7 @@ void block_bwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 dx[dm*(b*n + i) + m] = dresid[dm*(b*n + i) + m] + dx_norm[dm*(b*n + i) + m];
             }
@@ -2924,6 +2982,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
@@ -2935,6 +2994,7 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             mlp_WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -2946,6 +3006,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
             }
@@ -3119,6 +3180,7 @@ void block_bwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float dfw = 0.0f;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
                 }
@@ -3133,6 +3195,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -3306,6 +3369,7 @@ void block_bwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -3320,6 +3384,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
                 mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
@@ -3332,6 +3397,7 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -3343,6 +3409,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
             }
@@ -3354,6 +3421,7 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             mlp_WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -3366,6 +3434,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
             }
@@ -3379,6 +3448,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
             }
@@ -3554,6 +3624,7 @@ void block_bwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 float dug = 0.0f;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
                 }
@@ -3569,6 +3640,7 @@ void block_bwd_composed_f32(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -3742,6 +3814,7 @@ void block_bwd_composed_f32(
             float batch_g = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdu = 0.0f;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
                 }
@@ -3758,6 +3831,7 @@ void block_bwd_composed_f32(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -3931,6 +4005,7 @@ void block_bwd_composed_f32(
             float batch_u = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdv = 0.0f;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
                 }
@@ -3946,6 +4021,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
@@ -3959,6 +4035,7 @@ void block_bwd_composed_f32(
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
                 }
@@ -4132,6 +4209,7 @@ void block_bwd_composed_f32(
             float batch_d = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float hdf = 0.0f;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
                 }
@@ -4154,10 +4232,12 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < dm; ++c) {
                 dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
             const float t = dot / (float)dm;
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
             }
@@ -4173,6 +4253,7 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             norm2_dweight_part[c + dm*p] = 0.0f;
         }
@@ -4194,6 +4275,7 @@ void block_bwd_composed_f32(
      */
     for (int64_t c = 0; c < dm; ++c) {
         float dweight_sum = 0.0f;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += norm2_dweight_part[c + dm*p];
         }
@@ -4206,6 +4288,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
             }
@@ -4218,6 +4301,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
             for (int64_t c = 0; c < dh; ++c) {
                 out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
             }
@@ -4231,6 +4315,7 @@ void block_bwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
                 }
@@ -4406,6 +4491,7 @@ void block_bwd_composed_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float yw = 0.0f;
+                    #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
                     }
@@ -4422,6 +4508,7 @@ void block_bwd_composed_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
                 }
@@ -4598,6 +4685,7 @@ void block_bwd_composed_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float oy = 0.0f;
+                    #pragma omp simd reduction(+:oy)
                     for (int64_t i = 0; i < n; ++i) {
                         oy += attn[c + dh*(i + n*(b*heads + h))] * dresid[dm*(b*n + i) + m];
                     }
@@ -4616,6 +4704,7 @@ void block_bwd_composed_f32(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
                 float rowdot = 0.0f;
+                #pragma omp simd reduction(+:rowdot)
                 for (int64_t c = 0; c < dh; ++c) {
                     rowdot += dattn[c + dh*(i + n*(b*heads + h))] * attn[c + dh*(i + n*(b*heads + h))];
                 }
@@ -4640,15 +4729,18 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dQ[c + dh*(i + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t j = 0; j < n; ++j) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
@@ -4677,15 +4769,18 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dK[c + dh*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     float dov = 0.0f;
+                    #pragma omp simd reduction(+:dov)
                     for (int64_t c = 0; c < dh; ++c) {
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
@@ -4711,11 +4806,13 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t j = 0; j < n; ++j) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     dV[c + dh*(j + n*(b*heads + h))] = 0.0f;
                 }
                 for (int64_t i = 0; i < n; ++i) {
                     float qk = 0.0f;
+                    #pragma omp simd reduction(+:qk)
                     for (int64_t c = 0; c < dh; ++c) {
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
@@ -4734,6 +4831,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
@@ -4746,6 +4844,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
             }
@@ -4758,6 +4857,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
             }
@@ -4770,6 +4870,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 qkv_WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
             }
@@ -4785,6 +4886,7 @@ void block_bwd_composed_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WqT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -4801,6 +4903,7 @@ void block_bwd_composed_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WkT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -4817,6 +4920,7 @@ void block_bwd_composed_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = qkv_WvT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -4997,6 +5101,7 @@ void block_bwd_composed_f32(
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     float gw = 0.0f;
+                    #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
                         gw += dQ[c + dh*(i + n*(b*heads + h))] * qkv_WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * qkv_WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * qkv_WvT[dm*(c + dh*h) + m];
                     }
@@ -5015,6 +5120,7 @@ void block_bwd_composed_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -5192,6 +5298,7 @@ void block_bwd_composed_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
@@ -5210,6 +5317,7 @@ void block_bwd_composed_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -5387,6 +5495,7 @@ void block_bwd_composed_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
@@ -5405,6 +5514,7 @@ void block_bwd_composed_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         qkv_dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -5582,6 +5692,7 @@ void block_bwd_composed_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += xn1[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
@@ -5605,10 +5716,12 @@ void block_bwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < dm; ++c) {
                 dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
             const float t = dot / (float)dm;
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
             }
@@ -5624,6 +5737,7 @@ void block_bwd_composed_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             norm1_dweight_part[c + dm*p] = 0.0f;
         }
@@ -5645,6 +5759,7 @@ void block_bwd_composed_f32(
      */
     for (int64_t c = 0; c < dm; ++c) {
         float dweight_sum = 0.0f;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += norm1_dweight_part[c + dm*p];
         }
@@ -5657,6 +5772,7 @@ void block_bwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 dx[dm*(b*n + i) + m] = dresid[dm*(b*n + i) + m] + dx_norm[dm*(b*n + i) + m];
             }

@@ -107,6 +107,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, dm - 1
           xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
         end do
@@ -118,6 +119,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         mlp_WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -129,6 +131,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
         end do
@@ -356,6 +359,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           dfw = 0.0_c_double
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
           end do
@@ -370,6 +374,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -597,6 +602,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -611,6 +617,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
           mlp_dU(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * mlp_V(dff*(b*n + i) + e) * t * &
@@ -624,6 +631,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         mlp_WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -635,6 +643,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           mlp_dV(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / &
               & (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
@@ -647,6 +656,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         mlp_WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -659,6 +669,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
         end do
@@ -672,6 +683,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
         end do
@@ -949,6 +961,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           dug = 0.0_c_double
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
                 & * mlp_WuT(c + dm*e)
@@ -965,6 +978,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
                 & lane)
@@ -1194,6 +1208,7 @@ contains
         batch_g = 0.0_c_double
         do b = 0, batch - 1
           xdu = 0.0_c_double
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + xn2(c + dm*(b*n + i)) * mlp_dU(dff*(b*n + i) + e)
           end do
@@ -1210,6 +1225,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
                 & lane)
@@ -1439,6 +1455,7 @@ contains
         batch_u = 0.0_c_double
         do b = 0, batch - 1
           xdv = 0.0_c_double
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + xn2(c + dm*(b*n + i)) * mlp_dV(dff*(b*n + i) + e)
           end do
@@ -1454,6 +1471,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
               & + e))) * mlp_V(dff*(b*n + i) + e)
@@ -1468,6 +1486,7 @@ contains
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
           end do
@@ -1696,6 +1715,7 @@ contains
         batch_d = 0.0_c_double
         do b = 0, batch - 1
           hdf = 0.0_c_double
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + mlp_H(dff*(b*n + i) + e) * dy(c + dm*(b*n + i))
           end do
@@ -1718,11 +1738,13 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_double
+        !$omp simd reduction(+:dot)
         do c = 0, dm - 1
           dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n &
               & + i)
         end do
         t = dot / real(dm, c_double)
+        !$omp simd
         do c = 0, dm - 1
           dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * norm2(c) &
               & - resid(c + dm*(b*n + i)) * inv_rms2(b*n + i) * t)
@@ -1739,6 +1761,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, dm - 1
         norm2_dweight_part(c + dm*p) = 0.0_c_double
       end do
@@ -1761,6 +1784,7 @@ contains
     !              )
     do c = 0, dm - 1
       dweight_sum = 0.0_c_double
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + norm2_dweight_part(c + dm*p)
       end do
@@ -1772,6 +1796,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           dresid(dm*(b*n + i) + m) = dy(dm*(b*n + i) + m) + dresid_norm(dm*(b*n + i) + m)
         end do
@@ -1784,6 +1809,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
+        !$omp simd
         do c = 0, dh - 1
           out_WoT(c + dh*(dm*h + m)) = Wo(dm*(c + dh*h) + m)
         end do
@@ -1797,6 +1823,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
                 & dh*(dm*h + m) + lane)
@@ -2027,6 +2054,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_double
+            !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
@@ -2043,6 +2071,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
                 & 8*m_tile)
@@ -2275,6 +2304,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             oy = 0.0_c_double
+            !$omp simd reduction(+:oy)
             do i = 0, n - 1
               oy = oy + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
             end do
@@ -2293,6 +2323,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_double
+          !$omp simd reduction(+:rowdot)
           do c = 0, dh - 1
             rowdot = rowdot + dattn(c + dh*(i + n*(b*heads + h))) * attn(c + dh*(i + n*(b*heads + &
                 & h)))
@@ -2318,15 +2349,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dQ(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
           end do
           do j = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, dh - 1
               dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
             end do
@@ -2357,15 +2391,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dK(c + dh*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_double
+            !$omp simd reduction(+:dov)
             do c = 0, dh - 1
               dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
             end do
@@ -2393,11 +2430,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dV(c + dh*(j + n*(b*heads + h))) = 0.0_c_double
           end do
           do i = 0, n - 1
             qk = 0.0_c_double
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
@@ -2417,6 +2456,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, dm - 1
           xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
@@ -2429,6 +2469,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WqT(dm*(c + dh*h) + m) = Wq(c + dh*(h + heads*m))
         end do
@@ -2441,6 +2482,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WkT(dm*(c + dh*h) + m) = Wk(c + dh*(h + heads*m))
         end do
@@ -2453,6 +2495,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WvT(dm*(c + dh*h) + m) = Wv(c + dh*(h + heads*m))
         end do
@@ -2468,6 +2511,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -2485,6 +2529,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -2502,6 +2547,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -2882,6 +2928,7 @@ contains
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
             gw = 0.0_c_double
+            !$omp simd reduction(+:gw)
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
                   & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
@@ -2902,6 +2949,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -3135,6 +3183,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
@@ -3153,6 +3202,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -3386,6 +3436,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
@@ -3404,6 +3455,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -3637,6 +3689,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
@@ -3660,10 +3713,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_double
+        !$omp simd reduction(+:dot)
         do c = 0, dm - 1
           dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
         t = dot / real(dm, c_double)
+        !$omp simd
         do c = 0, dm - 1
           dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
               & x(c + dm*(b*n + i)) * inv_rms1(b*n + i) * t)
@@ -3680,6 +3735,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, dm - 1
         norm1_dweight_part(c + dm*p) = 0.0_c_double
       end do
@@ -3702,6 +3758,7 @@ contains
     !              )
     do c = 0, dm - 1
       dweight_sum = 0.0_c_double
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + norm1_dweight_part(c + dm*p)
       end do
@@ -3713,6 +3770,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           dx(dm*(b*n + i) + m) = dresid(dm*(b*n + i) + m) + dx_norm(dm*(b*n + i) + m)
         end do
@@ -3820,6 +3878,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, dm - 1
           xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
         end do
@@ -3831,6 +3890,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         mlp_WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -3842,6 +3902,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WdT_panel(8*c + 8*dm*e_tile + lane) = mlp_WdT(c*dff + 8*e_tile + lane)
         end do
@@ -4069,6 +4130,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           dfw = 0.0_c_float
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dy(c + dm*(b*n + i)) * mlp_WdT(c*dff + e)
           end do
@@ -4083,6 +4145,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -4310,6 +4373,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -4324,6 +4388,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
           mlp_dU(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * mlp_V(dff*(b*n + i) + e) * t * &
@@ -4337,6 +4402,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         mlp_WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -4348,6 +4414,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           mlp_dV(dff*(b*n + i) + e) = mlp_dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / &
               & (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
@@ -4360,6 +4427,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         mlp_WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -4372,6 +4440,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WgT_panel(8*c_tile*dff + 8*e + lane) = mlp_WgT(8*c_tile + dm*e + lane)
         end do
@@ -4385,6 +4454,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_WuT_panel(8*c_tile*dff + 8*e + lane) = mlp_WuT(8*c_tile + dm*e + lane)
         end do
@@ -4662,6 +4732,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           dug = 0.0_c_float
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + mlp_dU(dff*(b*n + i) + e) * mlp_WgT(c + dm*e) + mlp_dV(dff*(b*n + i) + e) &
                 & * mlp_WuT(c + dm*e)
@@ -4678,6 +4749,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dU(dff*(b*n + i) + 8*e_tile + &
                 & lane)
@@ -4907,6 +4979,7 @@ contains
         batch_g = 0.0_c_float
         do b = 0, batch - 1
           xdu = 0.0_c_float
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + xn2(c + dm*(b*n + i)) * mlp_dU(dff*(b*n + i) + e)
           end do
@@ -4923,6 +4996,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = mlp_dV(dff*(b*n + i) + 8*e_tile + &
                 & lane)
@@ -5152,6 +5226,7 @@ contains
         batch_u = 0.0_c_float
         do b = 0, batch - 1
           xdv = 0.0_c_float
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + xn2(c + dm*(b*n + i)) * mlp_dV(dff*(b*n + i) + e)
           end do
@@ -5167,6 +5242,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
               & e))) * mlp_V(dff*(b*n + i) + e)
@@ -5181,6 +5257,7 @@ contains
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             mlp_dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dy(8*c_tile + dm*(b*n + i) + lane)
           end do
@@ -5409,6 +5486,7 @@ contains
         batch_d = 0.0_c_float
         do b = 0, batch - 1
           hdf = 0.0_c_float
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + mlp_H(dff*(b*n + i) + e) * dy(c + dm*(b*n + i))
           end do
@@ -5431,11 +5509,13 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_float
+        !$omp simd reduction(+:dot)
         do c = 0, dm - 1
           dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n &
               & + i)
         end do
         t = dot / real(dm, c_float)
+        !$omp simd
         do c = 0, dm - 1
           dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * norm2(c) &
               & - resid(c + dm*(b*n + i)) * inv_rms2(b*n + i) * t)
@@ -5452,6 +5532,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, dm - 1
         norm2_dweight_part(c + dm*p) = 0.0_c_float
       end do
@@ -5474,6 +5555,7 @@ contains
     !              )
     do c = 0, dm - 1
       dweight_sum = 0.0_c_float
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + norm2_dweight_part(c + dm*p)
       end do
@@ -5485,6 +5567,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           dresid(dm*(b*n + i) + m) = dy(dm*(b*n + i) + m) + dresid_norm(dm*(b*n + i) + m)
         end do
@@ -5497,6 +5580,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
+        !$omp simd
         do c = 0, dh - 1
           out_WoT(c + dh*(dm*h + m)) = Wo(dm*(c + dh*h) + m)
         end do
@@ -5510,6 +5594,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             out_WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = out_WoT(8*c_tile + &
                 & dh*(dm*h + m) + lane)
@@ -5740,6 +5825,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_float
+            !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dresid(dm*(b*n + i) + m) * out_WoT(c + dh*(dm*h + m))
             end do
@@ -5756,6 +5842,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             out_dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dresid(dm*(b*n + i) + lane + &
                 & 8*m_tile)
@@ -5988,6 +6075,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             oy = 0.0_c_float
+            !$omp simd reduction(+:oy)
             do i = 0, n - 1
               oy = oy + attn(c + dh*(i + n*(b*heads + h))) * dresid(dm*(b*n + i) + m)
             end do
@@ -6006,6 +6094,7 @@ contains
       do h = 0, heads - 1
         do i = 0, n - 1
           rowdot = 0.0_c_float
+          !$omp simd reduction(+:rowdot)
           do c = 0, dh - 1
             rowdot = rowdot + dattn(c + dh*(i + n*(b*heads + h))) * attn(c + dh*(i + n*(b*heads + &
                 & h)))
@@ -6031,15 +6120,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dQ(c + dh*(i + n*(b*heads + h))) = 0.0_c_float
           end do
           do j = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, dh - 1
               dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
             end do
@@ -6070,15 +6162,18 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dK(c + dh*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             dov = 0.0_c_float
+            !$omp simd reduction(+:dov)
             do c = 0, dh - 1
               dov = dov + dattn(c + dh*(i + n*(b*heads + h))) * V(c + dh*(j + n*(b*heads + h)))
             end do
@@ -6106,11 +6201,13 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do j = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             dV(c + dh*(j + n*(b*heads + h))) = 0.0_c_float
           end do
           do i = 0, n - 1
             qk = 0.0_c_float
+            !$omp simd reduction(+:qk)
             do c = 0, dh - 1
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
@@ -6130,6 +6227,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, dm - 1
           xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
@@ -6142,6 +6240,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WqT(dm*(c + dh*h) + m) = Wq(c + dh*(h + heads*m))
         end do
@@ -6154,6 +6253,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WkT(dm*(c + dh*h) + m) = Wk(c + dh*(h + heads*m))
         end do
@@ -6166,6 +6266,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           qkv_WvT(dm*(c + dh*h) + m) = Wv(c + dh*(h + heads*m))
         end do
@@ -6181,6 +6282,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WqT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -6198,6 +6300,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WkT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -6215,6 +6318,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = qkv_WvT(dm*(c + dh*h) + lane + &
                 & 8*m_tile)
@@ -6595,6 +6699,7 @@ contains
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
             gw = 0.0_c_float
+            !$omp simd reduction(+:gw)
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
                   & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
@@ -6615,6 +6720,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -6848,6 +6954,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
@@ -6866,6 +6973,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -7099,6 +7207,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
@@ -7117,6 +7226,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               qkv_dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -7350,6 +7460,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + xn1(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
@@ -7373,10 +7484,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_float
+        !$omp simd reduction(+:dot)
         do c = 0, dm - 1
           dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
         t = dot / real(dm, c_float)
+        !$omp simd
         do c = 0, dm - 1
           dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
               & x(c + dm*(b*n + i)) * inv_rms1(b*n + i) * t)
@@ -7393,6 +7506,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, dm - 1
         norm1_dweight_part(c + dm*p) = 0.0_c_float
       end do
@@ -7415,6 +7529,7 @@ contains
     !              )
     do c = 0, dm - 1
       dweight_sum = 0.0_c_float
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + norm1_dweight_part(c + dm*p)
       end do
@@ -7426,6 +7541,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           dx(dm*(b*n + i) + m) = dresid(dm*(b*n + i) + m) + dx_norm(dm*(b*n + i) + m)
         end do

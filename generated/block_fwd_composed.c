@@ -58,10 +58,12 @@ void block_fwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < dm; ++c) {
                 sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
             }
             inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
@@ -75,6 +77,7 @@ void block_fwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -250,6 +253,7 @@ void block_fwd_composed_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
@@ -266,6 +270,7 @@ void block_fwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -441,6 +446,7 @@ void block_fwd_composed_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
@@ -457,6 +463,7 @@ void block_fwd_composed_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -632,6 +639,7 @@ void block_fwd_composed_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }
@@ -681,6 +689,7 @@ void block_fwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = 0.0;
                 }
@@ -689,6 +698,7 @@ void block_fwd_composed_f64(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         double qk = 0.0;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                         }
@@ -697,12 +707,14 @@ void block_fwd_composed_f64(
                         const double rescale = exp(row_max - new_max);
                         const double p = exp(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
                 }
@@ -719,6 +731,7 @@ void block_fwd_composed_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -897,6 +910,7 @@ void block_fwd_composed_f64(
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     double ow = 0.0;
+                    #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
                         ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
                     }
@@ -915,10 +929,12 @@ void block_fwd_composed_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < dm; ++c) {
                 sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
             }
             inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
@@ -931,6 +947,7 @@ void block_fwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
             }
@@ -1104,6 +1121,7 @@ void block_fwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -1118,6 +1136,7 @@ void block_fwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -1291,6 +1310,7 @@ void block_fwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -1305,6 +1325,7 @@ void block_fwd_composed_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
             }
@@ -1478,6 +1499,7 @@ void block_fwd_composed_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 double hw = 0.0;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }
@@ -1492,6 +1514,7 @@ void block_fwd_composed_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 y[dm*(b*n + i) + m] = resid[dm*(b*n + i) + m] + mlp_out[dm*(b*n + i) + m];
             }
@@ -1551,10 +1574,12 @@ void block_fwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < dm; ++c) {
                 sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
             }
             inv_rms1[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
             }
@@ -1568,6 +1593,7 @@ void block_fwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -1743,6 +1769,7 @@ void block_fwd_composed_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
@@ -1759,6 +1786,7 @@ void block_fwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -1934,6 +1962,7 @@ void block_fwd_composed_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
@@ -1950,6 +1979,7 @@ void block_fwd_composed_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -2125,6 +2155,7 @@ void block_fwd_composed_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }
@@ -2174,6 +2205,7 @@ void block_fwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = 0.0f;
                 }
@@ -2182,6 +2214,7 @@ void block_fwd_composed_f32(
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         float qk = 0.0f;
+                        #pragma omp simd reduction(+:qk)
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                         }
@@ -2190,12 +2223,14 @@ void block_fwd_composed_f32(
                         const float rescale = expf(row_max - new_max);
                         const float p = expf(score - new_max);
                         row_sum = row_sum * rescale + p;
+                        #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
                         }
                         row_max = new_max;
                     }
                 }
+                #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
                 }
@@ -2212,6 +2247,7 @@ void block_fwd_composed_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -2390,6 +2426,7 @@ void block_fwd_composed_f32(
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     float ow = 0.0f;
+                    #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
                         ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
                     }
@@ -2408,10 +2445,12 @@ void block_fwd_composed_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < dm; ++c) {
                 sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
             }
             inv_rms2[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < dm; ++c) {
                 xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
             }
@@ -2424,6 +2463,7 @@ void block_fwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
             }
@@ -2597,6 +2637,7 @@ void block_fwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xg = 0.0f;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -2611,6 +2652,7 @@ void block_fwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -2784,6 +2826,7 @@ void block_fwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -2798,6 +2841,7 @@ void block_fwd_composed_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
             }
@@ -2971,6 +3015,7 @@ void block_fwd_composed_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 float hw = 0.0f;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += mlp_H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }
@@ -2985,6 +3030,7 @@ void block_fwd_composed_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 y[dm*(b*n + i) + m] = resid[dm*(b*n + i) + m] + mlp_out[dm*(b*n + i) + m];
             }

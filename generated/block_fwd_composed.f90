@@ -68,10 +68,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
+        !$omp simd reduction(+:sum_sq)
         do c = 0, dm - 1
           sum_sq = sum_sq + x(c + dm*(b*n + i)) * x(c + dm*(b*n + i))
         end do
         inv_rms1(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(dm, c_double) + eps)
+        !$omp simd
         do c = 0, dm - 1
           xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
@@ -85,6 +87,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -315,6 +318,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
@@ -331,6 +335,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -561,6 +566,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
@@ -577,6 +583,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -807,6 +814,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
@@ -857,6 +865,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
           end do
@@ -865,6 +874,7 @@ contains
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_double
+              !$omp simd reduction(+:qk)
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
               end do
@@ -873,6 +883,7 @@ contains
               rescale = exp(row_max - new_max)
               p = exp(score - new_max)
               row_sum = row_sum * rescale + p
+              !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale &
                     & + p * V(c + dh*(j + n*(b*heads + h)))
@@ -880,6 +891,7 @@ contains
               row_max = new_max
             end do
           end do
+          !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) / row_sum
           end do
@@ -896,6 +908,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -1177,6 +1190,7 @@ contains
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
             ow = 0.0_c_double
+            !$omp simd reduction(+:ow)
             do c = 0, dh - 1
               ow = ow + attn(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
             end do
@@ -1195,10 +1209,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
+        !$omp simd reduction(+:sum_sq)
         do c = 0, dm - 1
           sum_sq = sum_sq + resid(c + dm*(b*n + i)) * resid(c + dm*(b*n + i))
         end do
         inv_rms2(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(dm, c_double) + eps)
+        !$omp simd
         do c = 0, dm - 1
           xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
         end do
@@ -1211,6 +1227,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
@@ -1438,6 +1455,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xg = 0.0_c_double
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + xn2(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -1452,6 +1470,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -1775,6 +1794,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -1790,6 +1810,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
         end do
@@ -2017,6 +2038,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           hw = 0.0_c_double
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + mlp_H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do
@@ -2031,6 +2053,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           y(dm*(b*n + i) + m) = resid(dm*(b*n + i) + m) + mlp_out(dm*(b*n + i) + m)
         end do
@@ -2098,10 +2121,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
+        !$omp simd reduction(+:sum_sq)
         do c = 0, dm - 1
           sum_sq = sum_sq + x(c + dm*(b*n + i)) * x(c + dm*(b*n + i))
         end do
         inv_rms1(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(dm, c_float) + eps)
+        !$omp simd
         do c = 0, dm - 1
           xn1(c + dm*(b*n + i)) = norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
         end do
@@ -2115,6 +2140,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -2345,6 +2371,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
@@ -2361,6 +2388,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -2591,6 +2619,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
@@ -2607,6 +2636,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             qkv_Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + &
                 & heads*m) + lane)
@@ -2837,6 +2867,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + xn1(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
@@ -2887,6 +2918,7 @@ contains
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 0, n - 1
+          !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_float
           end do
@@ -2895,6 +2927,7 @@ contains
           do j_blk = 0, ((n + 63) / 64) - 1
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               qk = 0.0_c_float
+              !$omp simd reduction(+:qk)
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
               end do
@@ -2903,6 +2936,7 @@ contains
               rescale = exp(row_max - new_max)
               p = exp(score - new_max)
               row_sum = row_sum * rescale + p
+              !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale &
                     & + p * V(c + dh*(j + n*(b*heads + h)))
@@ -2910,6 +2944,7 @@ contains
               row_max = new_max
             end do
           end do
+          !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) / row_sum
           end do
@@ -2926,6 +2961,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -3207,6 +3243,7 @@ contains
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
             ow = 0.0_c_float
+            !$omp simd reduction(+:ow)
             do c = 0, dh - 1
               ow = ow + attn(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
             end do
@@ -3225,10 +3262,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
+        !$omp simd reduction(+:sum_sq)
         do c = 0, dm - 1
           sum_sq = sum_sq + resid(c + dm*(b*n + i)) * resid(c + dm*(b*n + i))
         end do
         inv_rms2(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(dm, c_float) + eps)
+        !$omp simd
         do c = 0, dm - 1
           xn2(c + dm*(b*n + i)) = norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
         end do
@@ -3241,6 +3280,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
@@ -3468,6 +3508,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xg = 0.0_c_float
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + xn2(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -3482,6 +3523,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -3805,6 +3847,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + xn2(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -3820,6 +3863,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           mlp_Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
         end do
@@ -4047,6 +4091,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           hw = 0.0_c_float
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + mlp_H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do
@@ -4061,6 +4106,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           y(dm*(b*n + i) + m) = resid(dm*(b*n + i) + m) + mlp_out(dm*(b*n + i) + m)
         end do

@@ -24,6 +24,7 @@ void kv_append_dnf_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
             }
@@ -35,6 +36,7 @@ void kv_append_dnf_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
             }
@@ -60,6 +62,7 @@ void kv_append_dnf_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 K[c + d*(cap*(b*kv_heads + g) + n)] = k_new[c + d*(b*kv_heads + g)];
             }
@@ -71,6 +74,7 @@ void kv_append_dnf_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t g = 0; g < kv_heads; ++g) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 V[c + d*(cap*(b*kv_heads + g) + n)] = v_new[c + d*(b*kv_heads + g)];
             }

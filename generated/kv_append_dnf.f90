@@ -22,6 +22,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        !$omp simd
         do c = 0, d - 1
           K(c + d*(cap*(b*kv_heads + g) + n)) = k_new(c + d*(b*kv_heads + g))
         end do
@@ -33,6 +34,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        !$omp simd
         do c = 0, d - 1
           V(c + d*(cap*(b*kv_heads + g) + n)) = v_new(c + d*(b*kv_heads + g))
         end do
@@ -55,6 +57,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        !$omp simd
         do c = 0, d - 1
           K(c + d*(cap*(b*kv_heads + g) + n)) = k_new(c + d*(b*kv_heads + g))
         end do
@@ -66,6 +69,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
+        !$omp simd
         do c = 0, d - 1
           V(c + d*(cap*(b*kv_heads + g) + n)) = v_new(c + d*(b*kv_heads + g))
         end do

@@ -36,6 +36,7 @@ void mlp_bwd_naive_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -48,6 +49,7 @@ void mlp_bwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
@@ -63,6 +65,7 @@ void mlp_bwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -76,6 +79,7 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
                 dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
@@ -87,6 +91,7 @@ void mlp_bwd_naive_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -97,6 +102,7 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
             }
@@ -107,6 +113,7 @@ void mlp_bwd_naive_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -120,10 +127,12 @@ void mlp_bwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
                 double dug = 0.0;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
                 }
                 double dvu = 0.0;
+                #pragma omp simd reduction(+:dvu)
                 for (int64_t e = 0; e < dff; ++e) {
                     dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
@@ -140,6 +149,7 @@ void mlp_bwd_naive_f64(
             double batch_g = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdu = 0.0;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
                 }
@@ -157,6 +167,7 @@ void mlp_bwd_naive_f64(
             double batch_u = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdv = 0.0;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
                 }
@@ -171,6 +182,7 @@ void mlp_bwd_naive_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
             }
@@ -185,6 +197,7 @@ void mlp_bwd_naive_f64(
             double batch_d = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double hdf = 0.0;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += H[dff*(b*n + i) + e] * dF[c + dm*(b*n + i)];
                 }
@@ -225,6 +238,7 @@ void mlp_bwd_naive_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -237,6 +251,7 @@ void mlp_bwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 float dfw = 0.0f;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
@@ -252,6 +267,7 @@ void mlp_bwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -265,6 +281,7 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
                 dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
@@ -276,6 +293,7 @@ void mlp_bwd_naive_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -286,6 +304,7 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
             }
@@ -296,6 +315,7 @@ void mlp_bwd_naive_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -309,10 +329,12 @@ void mlp_bwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
                 float dug = 0.0f;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e];
                 }
                 float dvu = 0.0f;
+                #pragma omp simd reduction(+:dvu)
                 for (int64_t e = 0; e < dff; ++e) {
                     dvu += dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
@@ -329,6 +351,7 @@ void mlp_bwd_naive_f32(
             float batch_g = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdu = 0.0f;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
                 }
@@ -346,6 +369,7 @@ void mlp_bwd_naive_f32(
             float batch_u = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdv = 0.0f;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
                 }
@@ -360,6 +384,7 @@ void mlp_bwd_naive_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
             }
@@ -374,6 +399,7 @@ void mlp_bwd_naive_f32(
             float batch_d = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float hdf = 0.0f;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += H[dff*(b*n + i) + e] * dF[c + dm*(b*n + i)];
                 }

@@ -37,6 +37,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -49,6 +50,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           dfw = 0.0_c_double
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
@@ -64,6 +66,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -77,6 +80,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * &
@@ -89,6 +93,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -99,6 +104,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_double + &
               & exp(-U(dff*(b*n + i) + e)))
@@ -110,6 +116,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -123,10 +130,12 @@ contains
       do i = 0, n - 1
         do c = 0, dm - 1
           dug = 0.0_c_double
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
           end do
           dvu = 0.0_c_double
+          !$omp simd reduction(+:dvu)
           do e = 0, dff - 1
             dvu = dvu + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
           end do
@@ -143,6 +152,7 @@ contains
         batch_g = 0.0_c_double
         do b = 0, batch - 1
           xdu = 0.0_c_double
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + X(c + dm*(b*n + i)) * dU(dff*(b*n + i) + e)
           end do
@@ -160,6 +170,7 @@ contains
         batch_u = 0.0_c_double
         do b = 0, batch - 1
           xdv = 0.0_c_double
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + X(c + dm*(b*n + i)) * dV(dff*(b*n + i) + e)
           end do
@@ -174,6 +185,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
               & e))) * V(dff*(b*n + i) + e)
@@ -189,6 +201,7 @@ contains
         batch_d = 0.0_c_double
         do b = 0, batch - 1
           hdf = 0.0_c_double
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + H(dff*(b*n + i) + e) * dF(c + dm*(b*n + i))
           end do
@@ -229,6 +242,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -241,6 +255,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           dfw = 0.0_c_float
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
@@ -256,6 +271,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -269,6 +285,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * (1.0_c_float &
@@ -281,6 +298,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -291,6 +309,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_float + &
               & exp(-U(dff*(b*n + i) + e)))
@@ -302,6 +321,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -315,10 +335,12 @@ contains
       do i = 0, n - 1
         do c = 0, dm - 1
           dug = 0.0_c_float
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e)
           end do
           dvu = 0.0_c_float
+          !$omp simd reduction(+:dvu)
           do e = 0, dff - 1
             dvu = dvu + dV(dff*(b*n + i) + e) * WuT(c + dm*e)
           end do
@@ -335,6 +357,7 @@ contains
         batch_g = 0.0_c_float
         do b = 0, batch - 1
           xdu = 0.0_c_float
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + X(c + dm*(b*n + i)) * dU(dff*(b*n + i) + e)
           end do
@@ -352,6 +375,7 @@ contains
         batch_u = 0.0_c_float
         do b = 0, batch - 1
           xdv = 0.0_c_float
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + X(c + dm*(b*n + i)) * dV(dff*(b*n + i) + e)
           end do
@@ -366,6 +390,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
               & e))) * V(dff*(b*n + i) + e)
@@ -381,6 +406,7 @@ contains
         batch_d = 0.0_c_float
         do b = 0, batch - 1
           hdf = 0.0_c_float
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + H(dff*(b*n + i) + e) * dF(c + dm*(b*n + i))
           end do

@@ -44,6 +44,7 @@ void mlp_bwd_tiled_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -54,6 +55,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
             }
@@ -225,6 +227,7 @@ void mlp_bwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
@@ -238,6 +241,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -409,6 +413,7 @@ void mlp_bwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -422,6 +427,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
                 dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
@@ -433,6 +439,7 @@ void mlp_bwd_tiled_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -443,6 +450,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
             }
@@ -453,6 +461,7 @@ void mlp_bwd_tiled_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -464,6 +473,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
             }
@@ -476,6 +486,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
             }
@@ -649,6 +660,7 @@ void mlp_bwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 double dug = 0.0;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
@@ -663,6 +675,7 @@ void mlp_bwd_tiled_f64(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -834,6 +847,7 @@ void mlp_bwd_tiled_f64(
             double batch_g = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdu = 0.0;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
                 }
@@ -849,6 +863,7 @@ void mlp_bwd_tiled_f64(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -1020,6 +1035,7 @@ void mlp_bwd_tiled_f64(
             double batch_u = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double xdv = 0.0;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
                 }
@@ -1034,6 +1050,7 @@ void mlp_bwd_tiled_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
             }
@@ -1046,6 +1063,7 @@ void mlp_bwd_tiled_f64(
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
                 }
@@ -1217,6 +1235,7 @@ void mlp_bwd_tiled_f64(
             double batch_d = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 double hdf = 0.0;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += H[dff*(b*n + i) + e] * dF[c + dm*(b*n + i)];
                 }
@@ -1265,6 +1284,7 @@ void mlp_bwd_tiled_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
         for (int64_t e = 0; e < dff; ++e) {
             WdT[c*dff + e] = Wd[c + dm*e];
         }
@@ -1275,6 +1295,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
             }
@@ -1446,6 +1467,7 @@ void mlp_bwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float dfw = 0.0f;
+                #pragma omp simd reduction(+:dfw)
                 for (int64_t c = 0; c < dm; ++c) {
                     dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
                 }
@@ -1459,6 +1481,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -1630,6 +1653,7 @@ void mlp_bwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -1643,6 +1667,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
                 dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
@@ -1654,6 +1679,7 @@ void mlp_bwd_tiled_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WgT[c + dm*e] = Wg[c*dff + e];
         }
@@ -1664,6 +1690,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
             }
@@ -1674,6 +1701,7 @@ void mlp_bwd_tiled_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
         for (int64_t c = 0; c < dm; ++c) {
             WuT[c + dm*e] = Wu[c*dff + e];
         }
@@ -1685,6 +1713,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
             }
@@ -1697,6 +1726,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
             }
@@ -1870,6 +1900,7 @@ void mlp_bwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 float dug = 0.0f;
+                #pragma omp simd reduction(+:dug)
                 for (int64_t e = 0; e < dff; ++e) {
                     dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
                 }
@@ -1884,6 +1915,7 @@ void mlp_bwd_tiled_f32(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -2055,6 +2087,7 @@ void mlp_bwd_tiled_f32(
             float batch_g = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdu = 0.0f;
+                #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
                     xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
                 }
@@ -2070,6 +2103,7 @@ void mlp_bwd_tiled_f32(
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
                 }
@@ -2241,6 +2275,7 @@ void mlp_bwd_tiled_f32(
             float batch_u = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float xdv = 0.0f;
+                #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
                     xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
                 }
@@ -2255,6 +2290,7 @@ void mlp_bwd_tiled_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t e = 0; e < dff; ++e) {
                 H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
             }
@@ -2267,6 +2303,7 @@ void mlp_bwd_tiled_f32(
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
                 }
@@ -2438,6 +2475,7 @@ void mlp_bwd_tiled_f32(
             float batch_d = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 float hdf = 0.0f;
+                #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
                     hdf += H[dff*(b*n + i) + e] * dF[c + dm*(b*n + i)];
                 }

@@ -51,6 +51,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -61,6 +62,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           WdT_panel(8*c + 8*dm*e_tile + lane) = WdT(c*dff + 8*e_tile + lane)
         end do
@@ -286,6 +288,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           dfw = 0.0_c_double
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
@@ -299,6 +302,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -524,6 +528,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -537,6 +542,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_double / (1.0_c_double + exp(-U(dff*(b*n + i) + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * &
@@ -549,6 +555,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -559,6 +566,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_double + &
               & exp(-U(dff*(b*n + i) + e)))
@@ -570,6 +578,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -581,6 +590,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           WgT_panel(8*c_tile*dff + 8*e + lane) = WgT(8*c_tile + dm*e + lane)
         end do
@@ -593,6 +603,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           WuT_panel(8*c_tile*dff + 8*e + lane) = WuT(8*c_tile + dm*e + lane)
         end do
@@ -868,6 +879,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           dug = 0.0_c_double
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
                 & dm*e)
@@ -883,6 +895,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dU(dff*(b*n + i) + 8*e_tile + lane)
           end do
@@ -1109,6 +1122,7 @@ contains
         batch_g = 0.0_c_double
         do b = 0, batch - 1
           xdu = 0.0_c_double
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + X(c + dm*(b*n + i)) * dU(dff*(b*n + i) + e)
           end do
@@ -1124,6 +1138,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dV(dff*(b*n + i) + 8*e_tile + lane)
           end do
@@ -1350,6 +1365,7 @@ contains
         batch_u = 0.0_c_double
         do b = 0, batch - 1
           xdv = 0.0_c_double
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + X(c + dm*(b*n + i)) * dV(dff*(b*n + i) + e)
           end do
@@ -1364,6 +1380,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) + &
               & e))) * V(dff*(b*n + i) + e)
@@ -1377,6 +1394,7 @@ contains
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dF(8*c_tile + dm*(b*n + i) + lane)
           end do
@@ -1603,6 +1621,7 @@ contains
         batch_d = 0.0_c_double
         do b = 0, batch - 1
           hdf = 0.0_c_double
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + H(dff*(b*n + i) + e) * dF(c + dm*(b*n + i))
           end do
@@ -1657,6 +1676,7 @@ contains
     ! WdT[c, e] = (<e c> psi Wd)
     !$omp parallel do collapse(1) schedule(static) private(e)
     do c = 0, dm - 1
+      !$omp simd
       do e = 0, dff - 1
         WdT(c*dff + e) = Wd(c + dm*e)
       end do
@@ -1667,6 +1687,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           WdT_panel(8*c + 8*dm*e_tile + lane) = WdT(c*dff + 8*e_tile + lane)
         end do
@@ -1892,6 +1913,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           dfw = 0.0_c_float
+          !$omp simd reduction(+:dfw)
           do c = 0, dm - 1
             dfw = dfw + dF(c + dm*(b*n + i)) * WdT(c*dff + e)
           end do
@@ -1905,6 +1927,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -2130,6 +2153,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -2143,6 +2167,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e, t)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           t = 1.0_c_float / (1.0_c_float + exp(-U(dff*(b*n + i) + e)))
           dU(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * V(dff*(b*n + i) + e) * t * (1.0_c_float &
@@ -2155,6 +2180,7 @@ contains
     ! WgT[e, c] = (<c e> psi Wg)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WgT(c + dm*e) = Wg(c*dff + e)
       end do
@@ -2165,6 +2191,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           dV(dff*(b*n + i) + e) = dH(dff*(b*n + i) + e) * U(dff*(b*n + i) + e) / (1.0_c_float + &
               & exp(-U(dff*(b*n + i) + e)))
@@ -2176,6 +2203,7 @@ contains
     ! WuT[e, c] = (<c e> psi Wu)
     !$omp parallel do collapse(1) schedule(static) private(c)
     do e = 0, dff - 1
+      !$omp simd
       do c = 0, dm - 1
         WuT(c + dm*e) = Wu(c*dff + e)
       end do
@@ -2187,6 +2215,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           WgT_panel(8*c_tile*dff + 8*e + lane) = WgT(8*c_tile + dm*e + lane)
         end do
@@ -2199,6 +2228,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           WuT_panel(8*c_tile*dff + 8*e + lane) = WuT(8*c_tile + dm*e + lane)
         end do
@@ -2474,6 +2504,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           dug = 0.0_c_float
+          !$omp simd reduction(+:dug)
           do e = 0, dff - 1
             dug = dug + dU(dff*(b*n + i) + e) * WgT(c + dm*e) + dV(dff*(b*n + i) + e) * WuT(c + &
                 & dm*e)
@@ -2489,6 +2520,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dU_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dU(dff*(b*n + i) + 8*e_tile + lane)
           end do
@@ -2715,6 +2747,7 @@ contains
         batch_g = 0.0_c_float
         do b = 0, batch - 1
           xdu = 0.0_c_float
+          !$omp simd reduction(+:xdu)
           do i = 0, n - 1
             xdu = xdu + X(c + dm*(b*n + i)) * dU(dff*(b*n + i) + e)
           end do
@@ -2730,6 +2763,7 @@ contains
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dV_panel(8*i + lane + 8*n*(b + batch*e_tile)) = dV(dff*(b*n + i) + 8*e_tile + lane)
           end do
@@ -2956,6 +2990,7 @@ contains
         batch_u = 0.0_c_float
         do b = 0, batch - 1
           xdv = 0.0_c_float
+          !$omp simd reduction(+:xdv)
           do i = 0, n - 1
             xdv = xdv + X(c + dm*(b*n + i)) * dV(dff*(b*n + i) + e)
           end do
@@ -2970,6 +3005,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(e)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do e = 0, dff - 1
           H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
               & e))) * V(dff*(b*n + i) + e)
@@ -2983,6 +3019,7 @@ contains
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dF_panel(8*i + lane + 8*n*(b + batch*c_tile)) = dF(8*c_tile + dm*(b*n + i) + lane)
           end do
@@ -3209,6 +3246,7 @@ contains
         batch_d = 0.0_c_float
         do b = 0, batch - 1
           hdf = 0.0_c_float
+          !$omp simd reduction(+:hdf)
           do i = 0, n - 1
             hdf = hdf + H(dff*(b*n + i) + e) * dF(c + dm*(b*n + i))
           end do

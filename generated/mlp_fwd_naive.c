@@ -28,6 +28,7 @@ void mlp_fwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -43,6 +44,7 @@ void mlp_fwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -58,6 +60,7 @@ void mlp_fwd_naive_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
                 double hw = 0.0;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }
@@ -89,6 +92,7 @@ void mlp_fwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 float xg = 0.0f;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -104,6 +108,7 @@ void mlp_fwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 0; e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -119,6 +124,7 @@ void mlp_fwd_naive_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 0; c < dm; ++c) {
                 float hw = 0.0f;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }

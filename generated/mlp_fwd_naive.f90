@@ -28,6 +28,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xg = 0.0_c_double
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + X(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -43,6 +44,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -59,6 +61,7 @@ contains
       do i = 0, n - 1
         do c = 0, dm - 1
           hw = 0.0_c_double
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do
@@ -89,6 +92,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xg = 0.0_c_float
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + X(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -104,6 +108,7 @@ contains
       do i = 0, n - 1
         do e = 0, dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -120,6 +125,7 @@ contains
       do i = 0, n - 1
         do c = 0, dm - 1
           hw = 0.0_c_float
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do

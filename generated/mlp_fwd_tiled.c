@@ -30,6 +30,7 @@ void mlp_fwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
             }
@@ -201,6 +202,7 @@ void mlp_fwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -214,6 +216,7 @@ void mlp_fwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -385,6 +388,7 @@ void mlp_fwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -398,6 +402,7 @@ void mlp_fwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
             }
@@ -569,6 +574,7 @@ void mlp_fwd_tiled_f64(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 double hw = 0.0;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }
@@ -602,6 +608,7 @@ void mlp_fwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
             }
@@ -773,6 +780,7 @@ void mlp_fwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xg = 0.0f;
+                #pragma omp simd reduction(+:xg)
                 for (int64_t c = 0; c < dm; ++c) {
                     xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
                 }
@@ -786,6 +794,7 @@ void mlp_fwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
         for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
             }
@@ -957,6 +966,7 @@ void mlp_fwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
                 float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
                 for (int64_t c = 0; c < dm; ++c) {
                     xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
                 }
@@ -970,6 +980,7 @@ void mlp_fwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
         for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
             for (int64_t lane = 0; lane < 8; ++lane) {
                 Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
             }
@@ -1141,6 +1152,7 @@ void mlp_fwd_tiled_f32(
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
                 float hw = 0.0f;
+                #pragma omp simd reduction(+:hw)
                 for (int64_t e = 0; e < dff; ++e) {
                     hw += H[dff*(b*n + i) + e] * Wd[c + dm*e];
                 }

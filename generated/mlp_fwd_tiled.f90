@@ -35,6 +35,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
@@ -260,6 +261,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xg = 0.0_c_double
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + X(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -273,6 +275,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -594,6 +597,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_double
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -608,6 +612,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
         end do
@@ -833,6 +838,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           hw = 0.0_c_double
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do
@@ -870,6 +876,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wg_panel(8*c + 8*dm*e_tile + lane) = Wg(c*dff + 8*e_tile + lane)
         end do
@@ -1095,6 +1102,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xg = 0.0_c_float
+          !$omp simd reduction(+:xg)
           do c = 0, dm - 1
             xg = xg + X(c + dm*(b*n + i)) * Wg(c*dff + e)
           end do
@@ -1108,6 +1116,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do c = 0, dm - 1
+        !$omp simd
         do lane = 0, 7
           Wu_panel(8*c + 8*dm*e_tile + lane) = Wu(c*dff + 8*e_tile + lane)
         end do
@@ -1429,6 +1438,7 @@ contains
       do i = 0, n - 1
         do e = 8*((dff) / 8), dff - 1
           xu = 0.0_c_float
+          !$omp simd reduction(+:xu)
           do c = 0, dm - 1
             xu = xu + X(c + dm*(b*n + i)) * Wu(c*dff + e)
           end do
@@ -1443,6 +1453,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(e, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do e = 0, dff - 1
+        !$omp simd
         do lane = 0, 7
           Wd_panel(8*c_tile*dff + 8*e + lane) = Wd(8*c_tile + dm*e + lane)
         end do
@@ -1668,6 +1679,7 @@ contains
       do i = 0, n - 1
         do c = 8*((dm) / 8), dm - 1
           hw = 0.0_c_float
+          !$omp simd reduction(+:hw)
           do e = 0, dff - 1
             hw = hw + H(dff*(b*n + i) + e) * Wd(c + dm*e)
           end do

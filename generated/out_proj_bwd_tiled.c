@@ -29,6 +29,7 @@ void out_proj_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
             for (int64_t c = 0; c < dh; ++c) {
                 WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
             }
@@ -41,6 +42,7 @@ void out_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
                 }
@@ -214,6 +216,7 @@ void out_proj_bwd_tiled_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double yw = 0.0;
+                    #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
@@ -229,6 +232,7 @@ void out_proj_bwd_tiled_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
                 }
@@ -403,6 +407,7 @@ void out_proj_bwd_tiled_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double oy = 0.0;
+                    #pragma omp simd reduction(+:oy)
                     for (int64_t i = 0; i < n; ++i) {
                         oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
                     }
@@ -437,6 +442,7 @@ void out_proj_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
             for (int64_t c = 0; c < dh; ++c) {
                 WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
             }
@@ -449,6 +455,7 @@ void out_proj_bwd_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
                 }
@@ -622,6 +629,7 @@ void out_proj_bwd_tiled_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float yw = 0.0f;
+                    #pragma omp simd reduction(+:yw)
                     for (int64_t m = 0; m < dm; ++m) {
                         yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
                     }
@@ -637,6 +645,7 @@ void out_proj_bwd_tiled_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
                 }
@@ -811,6 +820,7 @@ void out_proj_bwd_tiled_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float oy = 0.0f;
+                    #pragma omp simd reduction(+:oy)
                     for (int64_t i = 0; i < n; ++i) {
                         oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
                     }

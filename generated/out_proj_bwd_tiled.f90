@@ -33,6 +33,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
+        !$omp simd
         do c = 0, dh - 1
           WoT(c + dh*(dm*h + m)) = Wo(dm*(c + dh*h) + m)
         end do
@@ -45,6 +46,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = WoT(8*c_tile + dh*(dm*h + m) + &
                 & lane)
@@ -273,6 +275,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_double
+            !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
@@ -288,6 +291,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dY(dm*(b*n + i) + lane + 8*m_tile)
           end do
@@ -517,6 +521,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             oy = 0.0_c_double
+            !$omp simd reduction(+:oy)
             do i = 0, n - 1
               oy = oy + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
             end do
@@ -554,6 +559,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(m, c)
     do h = 0, heads - 1
       do m = 0, dm - 1
+        !$omp simd
         do c = 0, dh - 1
           WoT(c + dh*(dm*h + m)) = Wo(dm*(c + dh*h) + m)
         end do
@@ -566,6 +572,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             WoT_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = WoT(8*c_tile + dh*(dm*h + m) + &
                 & lane)
@@ -794,6 +801,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             yw = 0.0_c_float
+            !$omp simd reduction(+:yw)
             do m = 0, dm - 1
               yw = yw + dY(dm*(b*n + i) + m) * WoT(c + dh*(dm*h + m))
             end do
@@ -809,6 +817,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
         do i = 0, n - 1
+          !$omp simd
           do lane = 0, 7
             dY_panel(8*i + lane + 8*n*(b + batch*m_tile)) = dY(dm*(b*n + i) + lane + 8*m_tile)
           end do
@@ -1038,6 +1047,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             oy = 0.0_c_float
+            !$omp simd reduction(+:oy)
             do i = 0, n - 1
               oy = oy + O(c + dh*(i + n*(b*heads + h))) * dY(dm*(b*n + i) + m)
             end do

@@ -28,6 +28,7 @@ void out_proj_tiled_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -204,6 +205,7 @@ void out_proj_tiled_f64(
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     double ow = 0.0;
+                    #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
                         ow += O[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
                     }
@@ -237,6 +239,7 @@ void out_proj_tiled_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -413,6 +416,7 @@ void out_proj_tiled_f32(
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     float ow = 0.0f;
+                    #pragma omp simd reduction(+:ow)
                     for (int64_t c = 0; c < dh; ++c) {
                         ow += O[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
                     }

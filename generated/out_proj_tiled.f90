@@ -31,6 +31,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -310,6 +311,7 @@ contains
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
             ow = 0.0_c_double
+            !$omp simd reduction(+:ow)
             do c = 0, dh - 1
               ow = ow + O(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
             end do
@@ -345,6 +347,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             Wo_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = Wo(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -624,6 +627,7 @@ contains
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
             ow = 0.0_c_float
+            !$omp simd reduction(+:ow)
             do c = 0, dh - 1
               ow = ow + O(c + dh*(i + n*(b*heads + h))) * Wo(dm*(c + dh*h) + m)
             end do

@@ -41,6 +41,7 @@ void qkv_proj_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
             }
@@ -52,6 +53,7 @@ void qkv_proj_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
             }
@@ -63,6 +65,7 @@ void qkv_proj_bwd_tiled_f64(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
             }
@@ -77,6 +80,7 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -92,6 +96,7 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -107,6 +112,7 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -285,6 +291,7 @@ void qkv_proj_bwd_tiled_f64(
                 double heads_sum = 0.0;
                 for (int64_t h = 0; h < heads; ++h) {
                     double gw = 0.0;
+                    #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
                         gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
                     }
@@ -302,6 +309,7 @@ void qkv_proj_bwd_tiled_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -477,6 +485,7 @@ void qkv_proj_bwd_tiled_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
@@ -494,6 +503,7 @@ void qkv_proj_bwd_tiled_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -669,6 +679,7 @@ void qkv_proj_bwd_tiled_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
@@ -686,6 +697,7 @@ void qkv_proj_bwd_tiled_f64(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -861,6 +873,7 @@ void qkv_proj_bwd_tiled_f64(
                 double batches = 0.0;
                 for (int64_t b = 0; b < batch; ++b) {
                     double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }
@@ -907,6 +920,7 @@ void qkv_proj_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WqT[dm*(c + dh*h) + m] = Wq[c + dh*(h + heads*m)];
             }
@@ -918,6 +932,7 @@ void qkv_proj_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WkT[dm*(c + dh*h) + m] = Wk[c + dh*(h + heads*m)];
             }
@@ -929,6 +944,7 @@ void qkv_proj_bwd_tiled_f32(
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c = 0; c < dh; ++c) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 WvT[dm*(c + dh*h) + m] = Wv[c + dh*(h + heads*m)];
             }
@@ -943,6 +959,7 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WqT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WqT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -958,6 +975,7 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WkT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WkT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -973,6 +991,7 @@ void qkv_proj_bwd_tiled_f32(
     for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     WvT_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = WvT[dm*(c + dh*h) + lane + 8*m_tile];
                 }
@@ -1151,6 +1170,7 @@ void qkv_proj_bwd_tiled_f32(
                 float heads_sum = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     float gw = 0.0f;
+                    #pragma omp simd reduction(+:gw)
                     for (int64_t c = 0; c < dh; ++c) {
                         gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
                     }
@@ -1168,6 +1188,7 @@ void qkv_proj_bwd_tiled_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -1343,6 +1364,7 @@ void qkv_proj_bwd_tiled_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
                     }
@@ -1360,6 +1382,7 @@ void qkv_proj_bwd_tiled_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -1535,6 +1558,7 @@ void qkv_proj_bwd_tiled_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
                     }
@@ -1552,6 +1576,7 @@ void qkv_proj_bwd_tiled_f32(
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
                     for (int64_t lane = 0; lane < 8; ++lane) {
                         dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
                     }
@@ -1727,6 +1752,7 @@ void qkv_proj_bwd_tiled_f32(
                 float batches = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     float xg = 0.0f;
+                    #pragma omp simd reduction(+:xg)
                     for (int64_t i = 0; i < n; ++i) {
                         xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
                     }

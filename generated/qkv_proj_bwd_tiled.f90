@@ -46,6 +46,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WqT(dm*(c + dh*h) + m) = Wq(c + dh*(h + heads*m))
         end do
@@ -57,6 +58,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WkT(dm*(c + dh*h) + m) = Wk(c + dh*(h + heads*m))
         end do
@@ -68,6 +70,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WvT(dm*(c + dh*h) + m) = Wv(c + dh*(h + heads*m))
         end do
@@ -82,6 +85,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WqT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -97,6 +101,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WkT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -112,6 +117,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WvT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -489,6 +495,7 @@ contains
           heads_sum = 0.0_c_double
           do h = 0, heads - 1
             gw = 0.0_c_double
+            !$omp simd reduction(+:gw)
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
                   & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
@@ -508,6 +515,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -739,6 +747,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
@@ -756,6 +765,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -987,6 +997,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
@@ -1004,6 +1015,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -1235,6 +1247,7 @@ contains
           batches = 0.0_c_double
           do b = 0, batch - 1
             xg = 0.0_c_double
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do
@@ -1285,6 +1298,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WqT(dm*(c + dh*h) + m) = Wq(c + dh*(h + heads*m))
         end do
@@ -1296,6 +1310,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WkT(dm*(c + dh*h) + m) = Wk(c + dh*(h + heads*m))
         end do
@@ -1307,6 +1322,7 @@ contains
     !$omp parallel do collapse(1) schedule(static) private(c, m)
     do h = 0, heads - 1
       do c = 0, dh - 1
+        !$omp simd
         do m = 0, dm - 1
           WvT(dm*(c + dh*h) + m) = Wv(c + dh*(h + heads*m))
         end do
@@ -1321,6 +1337,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WqT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WqT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -1336,6 +1353,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WkT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WkT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -1351,6 +1369,7 @@ contains
     do m_tile = 0, ((dm) / 8) - 1
       do h = 0, heads - 1
         do c = 0, dh - 1
+          !$omp simd
           do lane = 0, 7
             WvT_panel(8*c + 8*dh*(h + heads*m_tile) + lane) = WvT(dm*(c + dh*h) + lane + 8*m_tile)
           end do
@@ -1728,6 +1747,7 @@ contains
           heads_sum = 0.0_c_float
           do h = 0, heads - 1
             gw = 0.0_c_float
+            !$omp simd reduction(+:gw)
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
                   & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
@@ -1747,6 +1767,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dQ_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dQ(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -1978,6 +1999,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dQ(c + dh*(i + n*(b*heads + h)))
             end do
@@ -1995,6 +2017,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dK_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dK(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -2226,6 +2249,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dK(c + dh*(i + n*(b*heads + h)))
             end do
@@ -2243,6 +2267,7 @@ contains
       do c_tile = 0, ((dh) / 8) - 1
         do b = 0, batch - 1
           do i = 0, n - 1
+            !$omp simd
             do lane = 0, 7
               dV_panel(8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))) = dV(8*c_tile + &
                   & dh*(i + n*(b*heads + h)) + lane)
@@ -2474,6 +2499,7 @@ contains
           batches = 0.0_c_float
           do b = 0, batch - 1
             xg = 0.0_c_float
+            !$omp simd reduction(+:xg)
             do i = 0, n - 1
               xg = xg + X(dm*(b*n + i) + m) * dV(c + dh*(i + n*(b*heads + h)))
             end do

@@ -32,6 +32,7 @@ void qkv_proj_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -205,6 +206,7 @@ void qkv_proj_tiled_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
@@ -220,6 +222,7 @@ void qkv_proj_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -393,6 +396,7 @@ void qkv_proj_tiled_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
@@ -408,6 +412,7 @@ void qkv_proj_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -581,6 +586,7 @@ void qkv_proj_tiled_f64(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }
@@ -617,6 +623,7 @@ void qkv_proj_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -790,6 +797,7 @@ void qkv_proj_tiled_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
                     }
@@ -805,6 +813,7 @@ void qkv_proj_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -978,6 +987,7 @@ void qkv_proj_tiled_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
                     }
@@ -993,6 +1003,7 @@ void qkv_proj_tiled_f32(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
                 for (int64_t lane = 0; lane < 8; ++lane) {
                     Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
                 }
@@ -1166,6 +1177,7 @@ void qkv_proj_tiled_f32(
             for (int64_t i = 0; i < n; ++i) {
                 for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                     float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
                     for (int64_t m = 0; m < dm; ++m) {
                         xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
                     }

@@ -36,6 +36,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -264,6 +265,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
@@ -279,6 +281,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -507,6 +510,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
@@ -522,6 +526,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -750,6 +755,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_double
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do
@@ -789,6 +795,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wq_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wq(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -1017,6 +1024,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wq(c + dh*(h + heads*m))
             end do
@@ -1032,6 +1040,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wk_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wk(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -1260,6 +1269,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wk(c + dh*(h + heads*m))
             end do
@@ -1275,6 +1285,7 @@ contains
     do h = 0, heads - 1
       do c_tile = 0, ((dh) / 8) - 1
         do m = 0, dm - 1
+          !$omp simd
           do lane = 0, 7
             Wv_panel(8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m) = Wv(8*c_tile + dh*(h + heads*m) &
                 & + lane)
@@ -1503,6 +1514,7 @@ contains
         do i = 0, n - 1
           do c = 8*((dh) / 8), dh - 1
             xw = 0.0_c_float
+            !$omp simd reduction(+:xw)
             do m = 0, dm - 1
               xw = xw + X(dm*(b*n + i) + m) * Wv(c + dh*(h + heads*m))
             end do

@@ -21,6 +21,7 @@ void residual_add_dnf_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 y[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + R[dm*(b*n + i) + m];
             }
@@ -43,6 +44,7 @@ void residual_add_dnf_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t m = 0; m < dm; ++m) {
                 y[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + R[dm*(b*n + i) + m];
             }

@@ -21,6 +21,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           y(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + R(dm*(b*n + i) + m)
         end do
@@ -42,6 +43,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(m)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do m = 0, dm - 1
           y(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + R(dm*(b*n + i) + m)
         end do

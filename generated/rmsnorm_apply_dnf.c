@@ -22,6 +22,7 @@ void rmsnorm_apply_dnf_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }
@@ -45,6 +46,7 @@ void rmsnorm_apply_dnf_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }

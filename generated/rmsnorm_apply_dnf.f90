@@ -22,6 +22,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do
@@ -44,6 +45,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do

@@ -32,10 +32,12 @@ void rmsnorm_bwd_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double dot = 0.0;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < d; ++c) {
                 dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }
             const double t = dot / (double)d;
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - x[c + d*(b*n + i)] * inv_rms[b*n + i] * t);
             }
@@ -50,6 +52,7 @@ void rmsnorm_bwd_dnf_f64(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < d; ++c) {
             dweight_part[c + d*p] = 0.0;
         }
@@ -70,6 +73,7 @@ void rmsnorm_bwd_dnf_f64(
      */
     for (int64_t c = 0; c < d; ++c) {
         double dweight_sum = 0.0;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += dweight_part[c + d*p];
         }
@@ -103,10 +107,12 @@ void rmsnorm_bwd_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
             for (int64_t c = 0; c < d; ++c) {
                 dot += dz[c + d*(b*n + i)] * weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }
             const float t = dot / (float)d;
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 dx[c + d*(b*n + i)] = inv_rms[b*n + i] * (dz[c + d*(b*n + i)] * weight[c] - x[c + d*(b*n + i)] * inv_rms[b*n + i] * t);
             }
@@ -121,6 +127,7 @@ void rmsnorm_bwd_dnf_f32(
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
         for (int64_t c = 0; c < d; ++c) {
             dweight_part[c + d*p] = 0.0f;
         }
@@ -141,6 +148,7 @@ void rmsnorm_bwd_dnf_f32(
      */
     for (int64_t c = 0; c < d; ++c) {
         float dweight_sum = 0.0f;
+        #pragma omp simd reduction(+:dweight_sum)
         for (int64_t p = 0; p < 16; ++p) {
             dweight_sum += dweight_part[c + d*p];
         }

@@ -33,10 +33,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_double
+        !$omp simd reduction(+:dot)
         do c = 0, d - 1
           dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do
         t = dot / real(d, c_double)
+        !$omp simd
         do c = 0, d - 1
           dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - x(c + &
               & d*(b*n + i)) * inv_rms(b*n + i) * t)
@@ -52,6 +54,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, d - 1
         dweight_part(c + d*p) = 0.0_c_double
       end do
@@ -73,6 +76,7 @@ contains
     !              )
     do c = 0, d - 1
       dweight_sum = 0.0_c_double
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + dweight_part(c + d*p)
       end do
@@ -105,10 +109,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         dot = 0.0_c_float
+        !$omp simd reduction(+:dot)
         do c = 0, d - 1
           dot = dot + dz(c + d*(b*n + i)) * weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do
         t = dot / real(d, c_float)
+        !$omp simd
         do c = 0, d - 1
           dx(c + d*(b*n + i)) = inv_rms(b*n + i) * (dz(c + d*(b*n + i)) * weight(c) - x(c + &
               & d*(b*n + i)) * inv_rms(b*n + i) * t)
@@ -124,6 +130,7 @@ contains
     !              )
     !$omp parallel do collapse(1) schedule(static) private(c, b, i)
     do p = 0, 15
+      !$omp simd
       do c = 0, d - 1
         dweight_part(c + d*p) = 0.0_c_float
       end do
@@ -145,6 +152,7 @@ contains
     !              )
     do c = 0, d - 1
       dweight_sum = 0.0_c_float
+      !$omp simd reduction(+:dweight_sum)
       do p = 0, 15
         dweight_sum = dweight_sum + dweight_part(c + d*p)
       end do

@@ -25,10 +25,12 @@ void rmsnorm_fwd_dnf_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
             inv_rms[b*n + i] = 1.0 / sqrt(sum_sq / (double)d + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }
@@ -55,10 +57,12 @@ void rmsnorm_fwd_dnf_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
             inv_rms[b*n + i] = 1.0f / sqrtf(sum_sq / (float)d + eps);
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }

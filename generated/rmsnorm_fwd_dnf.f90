@@ -26,10 +26,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
+        !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
         inv_rms(b*n + i) = 1.0_c_double / sqrt(sum_sq / real(d, c_double) + eps)
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do
@@ -56,10 +58,12 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
+        !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
         inv_rms(b*n + i) = 1.0_c_float / sqrt(sum_sq / real(d, c_float) + eps)
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do

@@ -24,6 +24,7 @@ void rmsnorm_fwd_naive_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
@@ -36,6 +37,7 @@ void rmsnorm_fwd_naive_f64(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }
@@ -61,6 +63,7 @@ void rmsnorm_fwd_naive_f32(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
             for (int64_t c = 0; c < d; ++c) {
                 sum_sq += x[c + d*(b*n + i)] * x[c + d*(b*n + i)];
             }
@@ -73,6 +76,7 @@ void rmsnorm_fwd_naive_f32(
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
             for (int64_t c = 0; c < d; ++c) {
                 z[c + d*(b*n + i)] = weight[c] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
             }

@@ -25,6 +25,7 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_double
+        !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
@@ -37,6 +38,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do
@@ -62,6 +64,7 @@ contains
     do b = 0, batch - 1
       do i = 0, n - 1
         sum_sq = 0.0_c_float
+        !$omp simd reduction(+:sum_sq)
         do c = 0, d - 1
           sum_sq = sum_sq + x(c + d*(b*n + i)) * x(c + d*(b*n + i))
         end do
@@ -74,6 +77,7 @@ contains
     !$omp parallel do collapse(2) schedule(static) private(c)
     do b = 0, batch - 1
       do i = 0, n - 1
+        !$omp simd
         do c = 0, d - 1
           z(c + d*(b*n + i)) = weight(c) * x(c + d*(b*n + i)) * inv_rms(b*n + i)
         end do

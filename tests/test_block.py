@@ -241,3 +241,26 @@ def test_a_composite_has_one_variant_and_lists_its_stages(capsys):
     assert main(["show", "--stage", "dnf", "block_bwd"]) == 0
     out = capsys.readouterr().out
     assert "stage mlp: mlp_bwd tiled" in out and "kept for the backward: (none)" in out
+
+
+def test_the_backward_takes_what_the_forward_returns_in_that_order(session_build_dir):
+    """y, *kept = block_fwd(...); block_bwd(..., *kept, dy): the user's chain, against
+    PyTorch autograd of the whole block."""
+    kept = FORWARD.kept()
+    assert tuple(a.name for a in BACKWARD.inputs if a.name in kept) == kept
+    r = np.random.default_rng(8)
+    batch, n, dm, heads, dh, dff = 2, 5, 12, 3, 4, 20
+    x, dy = r.standard_normal((batch, n, dm)), r.standard_normal((batch, n, dm))
+    weights = [1 + 0.1 * r.standard_normal(dm)] + [
+        r.standard_normal((dm, heads, dh)) / dm ** 0.5 for _ in range(3)] + [
+        r.standard_normal((heads, dh, dm)) / (heads * dh) ** 0.5,
+        1 + 0.1 * r.standard_normal(dm), r.standard_normal((dm, dff)) / dm ** 0.5,
+        r.standard_normal((dm, dff)) / dm ** 0.5, r.standard_normal((dff, dm)) / dff ** 0.5]
+    scale = dh ** -0.5
+    for lang in ("c", "fortran"):
+        y, *activations = runtime.load("block_fwd", lang=lang)(x, *weights, eps=1e-5, scale=scale)
+        grads = runtime.load("block_bwd", lang=lang)(x, *weights, *activations, dy, scale=scale)
+        want = reference_block.block_bwd_torch(x, *weights, *activations, dy, scale=scale,
+                                               eps=1e-5)
+        for got, ref in zip(grads, want):
+            np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)

@@ -6,6 +6,7 @@ from sympy.printing.c import C99CodePrinter
 from moagen.codegen.printer import Printer, render
 from moagen.errors import ScheduleError
 from moagen.onf.loops import Loop, walk
+from moagen.onf.simd import simd_clauses
 
 C_TYPE = {"float64": "double", "float32": "float"}
 
@@ -68,6 +69,8 @@ class CPrinter(Printer):
                 f"++{v}) {{")
         pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) schedule(static)"]
                   if loop.parallel else [])
+        if loop.simd:
+            pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
         return pragma + [pad + head] + self.block(loop.body, depth + 1) + [pad + "}"]
 
     def let(self, name, value, mutable):

@@ -1,6 +1,8 @@
 """CUDA backend: each nest becomes a `__global__` kernel with one thread per iteration of
 its parallel loops (their indices recovered from the flat thread index); an `extern "C"`
 launcher with the common ABI, over device pointers, runs the nests in order."""
+from dataclasses import replace
+
 import sympy
 
 from moagen.codegen.c import CPrinter
@@ -11,6 +13,10 @@ THREADS_PER_BLOCK = 128
 
 class CudaPrinter(CPrinter):
     restrict = "__restrict__"
+
+    def loop(self, loop, depth):
+        # a GPU thread's loop is sequential code: no OpenMP simd directive there
+        return super().loop(replace(loop, simd=False), depth)
 
     def kernels(self):
         out = []

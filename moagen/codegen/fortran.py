@@ -8,6 +8,7 @@ from sympy.printing.fortran import FCodePrinter
 from moagen.codegen.printer import Printer, render
 from moagen.errors import ScheduleError, SpecError
 from moagen.onf.loops import Loop
+from moagen.onf.simd import simd_clauses
 
 KIND = {"float64": "c_double", "float32": "c_float"}
 LINE = 100  # wrap statements longer than this (the standard allows 132 characters)
@@ -69,6 +70,8 @@ class FortranPrinter(Printer):
         head = f"do {loop.var} = {self.index(loop.start)}, {self.index(loop.stop - 1)}"
         # a register tile's body is the vector code: gfortran must not re-vectorize the loop
         mark = [pad + "!GCC$ novector"] if loop.vector_tile else []
+        if loop.simd:
+            mark.append(f"{pad}!$omp simd{simd_clauses(loop)}")
         if not loop.parallel:
             return mark + [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
         inner = loop

@@ -29,6 +29,7 @@ class Loop(Stmt):
     # the body is already vector code (a register tile's columns): the compiler's loop
     # vectorizer must not vectorize this loop across its iterations instead
     vector_tile: bool = False
+    simd: bool = False  # vectorized by the compiler with its reductions (moagen.onf.simd)
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def _format_block(stmts, depth):
     for s in stmts:
         if isinstance(s, Loop):
             mark = (f"parallel({s.parallel}) " if s.parallel else "") + \
-                ("vector-tile " if s.vector_tile else "")
+                ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
             out += _format_block(s.body, depth + 1)
         elif isinstance(s, Let):

@@ -1,5 +1,6 @@
-"""DNF -> ONF: one loop nest per definition, then the variant's schedule, then the two
-steps every ONF ends with (reductions become accumulator loops; gamma flattens indices)."""
+"""DNF -> ONF: one loop nest per definition, then the variant's schedule, then the three
+steps every ONF ends with (reductions become accumulator loops; gamma flattens indices;
+innermost loops the compiler may vectorize are marked simd)."""
 from typing import Sequence
 
 import sympy
@@ -8,6 +9,7 @@ from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.layout import apply_layout
 from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store
 from moagen.onf.reductions import lower_reductions
+from moagen.onf.simd import mark_simd
 
 
 def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
@@ -34,4 +36,4 @@ def realize(dnf: DNF, variant: str, schedule: Sequence, layout: str = "row") -> 
     onf = initial_onf(dnf, variant, layout)
     for transform in schedule:
         onf = transform(onf)
-    return apply_layout(lower_reductions(onf))
+    return mark_simd(apply_layout(lower_reductions(onf)))

@@ -1,0 +1,66 @@
+"""SIMD marks: the step after lowering that lets the compiler vectorize innermost loops that
+are reductions (a dot product q . k, a row's sum of squares).
+
+Without `-ffast-math` a compiler may not reorder a floating-point sum, so `acc += x[c] *
+y[c]` runs one element per add latency. A loop marked here is printed with an OpenMP
+`simd` directive naming its reductions (`#pragma omp simd reduction(+:acc)`, `!$omp simd
+...`): the sum is split over vector lanes and combined at the end. That reorders the sum
+(one fixed order per build: runs stay bitwise reproducible), within the verification
+tolerances.
+
+A loop is marked only where the lanes cannot interfere: it is innermost, not a register
+tile's sum (already vector code), every store in it is a plain store indexed by the loop
+variable with no other access to that array at another offset, and the outer locals it
+changes are accumulated with + or max.
+"""
+from dataclasses import replace
+
+import sympy
+
+from moagen.moa import scalar as S
+from moagen.onf.loops import ONF, Let, Loop, Store, Update, stmt_exprs
+
+
+def mark_simd(onf: ONF) -> ONF:
+    nests = [replace(n, body=tuple(_mark(s) for s in n.body)) for n in onf.nests]
+    return replace(onf, nests=tuple(nests))
+
+
+def simd_reductions(loop: Loop):
+    """(op, names) of the outer locals a loop accumulates, op in "+", "max"."""
+    declared = {s.name for s in loop.body if isinstance(s, Let)}
+    out = {}
+    for s in loop.body:
+        if isinstance(s, Update) and s.name not in declared:
+            out.setdefault(s.op, []).append(s.name)
+    return {op: list(dict.fromkeys(names)) for op, names in out.items()}
+
+
+def simd_clauses(loop: Loop) -> str:
+    """The directive's reduction clauses, the same text in C and Fortran."""
+    return "".join(f" reduction({op}:{', '.join(names)})"
+                   for op, names in simd_reductions(loop).items())
+
+
+def _mark(s):
+    if not isinstance(s, Loop):
+        return s
+    if any(isinstance(b, Loop) for b in s.body):
+        return replace(s, body=tuple(_mark(b) for b in s.body))
+    return replace(s, simd=_vectorizable(s))
+
+
+def _vectorizable(loop: Loop) -> bool:
+    if loop.vector_tile or loop.parallel:
+        return False
+    if set(simd_reductions(loop)) - {"+", "max"}:
+        return False  # an assignment to an outer local (a running max) depends on order
+    stores = [s for s in loop.body if isinstance(s, Store)]
+    for st in stores:
+        if st.accumulate or st.atomic or loop.var not in sympy.sympify(st.index[0]).free_symbols:
+            return False  # every lane would update the same element
+        reads = {e.offset for b in loop.body for x in stmt_exprs(b)
+                 for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == st.array}
+        if reads - {st.index[0]}:
+            return False  # another iteration's element: the lanes would see stale values
+    return True

@@ -1,0 +1,50 @@
+"""SIMD marks: which innermost loops the compiler is told to vectorize, with which
+reductions, and which it is not (lanes that would interfere)."""
+import sympy
+
+from moagen.codegen.emit import emit, onf_of
+from moagen.moa import scalar as S
+from moagen.moa.expr import sym
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
+from moagen.onf.simd import mark_simd, simd_clauses
+
+I, N = sym("i"), sym("n")
+
+
+def _loops(kernel, variant=None):
+    return [s for n in onf_of(kernel, variant).nests for s in walk(n.body) if isinstance(s, Loop)]
+
+
+def test_dot_products_are_simd_reductions_in_both_languages():
+    qk = [lp for lp in _loops("attention_fwd", "online") if lp.simd and "qk" in simd_clauses(lp)]
+    assert qk and simd_clauses(qk[0]) == " reduction(+:qk)"
+    assert "#pragma omp simd reduction(+:qk)" in emit("attention_fwd", "online", "c")
+    assert "!$omp simd reduction(+:qk)" in emit("attention_fwd", "online", "fortran")
+    assert "omp simd" not in emit("attention_fwd", "online", "cuda")
+
+
+def test_atomic_updates_and_register_tiles_are_left_alone():
+    atomic = [lp for lp in _loops("attention_fwdbwd", "atomic")
+              if any(isinstance(s, Store) and s.atomic for s in lp.body)]
+    assert atomic and not any(lp.simd for lp in atomic)
+    tiles = [lp for lp in _loops("mlp_fwd", "tiled") if lp.vector_tile]
+    assert tiles and not any(lp.simd for lp in tiles)
+    assert not any(lp.simd for lp in _loops("mlp_fwd", "tiled") if lp.parallel)
+
+
+def _one_loop(*body):
+    loop = Loop(I, sympy.Integer(1), N, tuple(body))
+    onf = ONF("t", "v", (Buffer("x", (N,)),), (Buffer("y", (N,)),), (), (N,), (),
+              (Nest("y", (Let("s", S.Num(0.0)), loop), "test"),), flat=True)
+    return mark_simd(onf).nests[0].body[1]
+
+
+def test_lanes_that_would_interfere_are_not_vectorized():
+    x, y = S.Load("x", I), S.Load("y", I)
+    assert _one_loop(Store("y", (I,), S.Bin("*", x, x))).simd  # elementwise
+    assert _one_loop(Update("s", "+", x)).simd  # a sum
+    assert simd_clauses(_one_loop(Update("s", "max", x))) == " reduction(max:s)"
+    assert not _one_loop(Update("s", "=", x)).simd  # a running value: order matters
+    assert not _one_loop(Store("y", (sympy.Integer(0),), x, accumulate="+")).simd  # same element
+    assert not _one_loop(Store("y", (I,), S.Load("y", I - 1))).simd  # the previous lane's
+    assert _one_loop(Store("y", (I,), S.Bin("+", y, x))).simd  # its own element only
