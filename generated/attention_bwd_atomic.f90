@@ -133,6 +133,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t2 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t2 * dO(c + &
                   & d*(i + n*(b*heads + h)))
@@ -269,6 +270,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t2 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t2 * dO(c + &
                   & d*(i + n*(b*heads + h)))

@@ -129,6 +129,7 @@ void attention_bwd_causal_atomic_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
                     }
@@ -261,6 +262,7 @@ void attention_bwd_causal_atomic_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dV[c + d*(j + n*(b*heads + h))] += t2 * dO[c + d*(i + n*(b*heads + h))];
                     }

@@ -137,6 +137,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t2 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t2 * dO(c + &
                   & d*(i + n*(b*heads + h)))
@@ -276,6 +277,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t2 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t2 * dO(c + &
                   & d*(i + n*(b*heads + h)))

@@ -72,6 +72,7 @@ void attention_bwd_causal_dnf_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -111,6 +112,7 @@ void attention_bwd_causal_dnf_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
                     }
@@ -142,6 +144,7 @@ void attention_bwd_causal_dnf_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
                     }
@@ -217,6 +220,7 @@ void attention_bwd_causal_dnf_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -256,6 +260,7 @@ void attention_bwd_causal_dnf_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t2 * Q[c + d*(i + n*(b*heads + h))];
                     }
@@ -287,6 +292,7 @@ void attention_bwd_causal_dnf_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
                     }

@@ -78,6 +78,7 @@ contains
             end do
             t = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * (dov &
                 & - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -119,6 +120,7 @@ contains
             end do
             t2 = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * &
                 & (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -151,6 +153,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
                   & d*(i + n*(b*heads + h)))
@@ -231,6 +234,7 @@ contains
             end do
             t = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * (dov &
                 & - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -272,6 +276,7 @@ contains
             end do
             t2 = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * &
                 & (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -304,6 +309,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
                   & d*(i + n*(b*heads + h)))

@@ -74,6 +74,7 @@ contains
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -115,6 +116,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -147,6 +149,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
                   & d*(i + n*(b*heads + h)))
@@ -224,6 +227,7 @@ contains
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -265,6 +269,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t2 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -297,6 +302,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dV(c + d*(j + n*(b*heads + h))) = dV(c + d*(j + n*(b*heads + h))) + t3 * dO(c + &
                   & d*(i + n*(b*heads + h)))

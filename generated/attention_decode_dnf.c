@@ -106,6 +106,7 @@ void attention_decode_dnf_f64(
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const double t = exp(scale * qk - row_max) / row_sum;
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }
@@ -215,6 +216,7 @@ void attention_decode_dnf_f32(
                     qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
                 }
                 const float t = expf(scale * qk - row_max) / row_sum;
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
                 }

@@ -111,6 +111,7 @@ contains
                 & d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
                 & ((h) / (((q_heads) / kv_heads)))) + j))
@@ -224,6 +225,7 @@ contains
                 & d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
+          !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
                 & ((h) / (((q_heads) / kv_heads)))) + j))

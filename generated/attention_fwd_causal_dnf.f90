@@ -88,6 +88,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -179,6 +180,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))

@@ -88,6 +88,7 @@ void attention_fwd_dnf_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t = exp(scale * qk - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -180,6 +181,7 @@ void attention_fwd_dnf_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t = expf(scale * qk - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }

@@ -156,6 +156,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(scale * qk - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -344,6 +345,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(scale * qk - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))

@@ -144,6 +144,7 @@ void attention_fwdbwd_causal_atomic_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t = exp((i >= j ? scale * qk : -INFINITY) - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -318,6 +319,7 @@ void attention_fwdbwd_causal_atomic_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t = expf((i >= j ? scale * qk : -INFINITY) - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }

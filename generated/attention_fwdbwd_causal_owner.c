@@ -90,6 +90,7 @@ void attention_fwdbwd_causal_owner_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t = exp((i >= j ? scale * qk : -INFINITY) - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -136,6 +137,7 @@ void attention_fwdbwd_causal_owner_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -184,6 +186,7 @@ void attention_fwdbwd_causal_owner_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
@@ -278,6 +281,7 @@ void attention_fwdbwd_causal_owner_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t = expf((i >= j ? scale * qk : -INFINITY) - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -324,6 +328,7 @@ void attention_fwdbwd_causal_owner_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf((i >= j ? scale * qk : -INFINITY) - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -372,6 +377,7 @@ void attention_fwdbwd_causal_owner_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];

@@ -95,6 +95,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -143,6 +144,7 @@ contains
             end do
             t2 = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * &
                 & (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -192,6 +194,7 @@ contains
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
             t4 = scale * t3 * (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t4 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -291,6 +294,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(merge(scale * qk, neg_inf, i >= j) - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -339,6 +343,7 @@ contains
             end do
             t2 = scale * exp(merge(scale * qk, neg_inf, i >= j) - lse(i + n*(b*heads + h))) * &
                 & (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -388,6 +393,7 @@ contains
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
             t4 = scale * t3 * (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t4 * Q(c + d*(i &
                   & + n*(b*heads + h)))

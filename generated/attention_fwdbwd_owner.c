@@ -94,6 +94,7 @@ void attention_fwdbwd_owner_f64(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const double t = exp(scale * qk - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -140,6 +141,7 @@ void attention_fwdbwd_owner_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -190,6 +192,7 @@ void attention_fwdbwd_owner_f64(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const double t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];
@@ -288,6 +291,7 @@ void attention_fwdbwd_owner_f32(
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
                     const float t = expf(scale * qk - row_max) / row_sum;
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] += t * V[c + d*(j + n*(b*heads + h))];
                     }
@@ -334,6 +338,7 @@ void attention_fwdbwd_owner_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n*(b*heads + h))] += t2 * K[c + d*(j + n*(b*heads + h))];
                     }
@@ -384,6 +389,7 @@ void attention_fwdbwd_owner_f32(
                         dov += dO[c + d*(i + n*(b*heads + h))] * V[c + d*(j + n*(b*heads + h))];
                     }
                     const float t4 = scale * t3 * (dov - delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dK[c + d*(j + n*(b*heads + h))] += t4 * Q[c + d*(i + n*(b*heads + h))];
                         dV[c + d*(j + n*(b*heads + h))] += t3 * dO[c + d*(i + n*(b*heads + h))];

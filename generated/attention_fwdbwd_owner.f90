@@ -99,6 +99,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(scale * qk - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -147,6 +148,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -198,6 +200,7 @@ contains
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
             t4 = scale * t3 * (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t4 * Q(c + d*(i &
                   & + n*(b*heads + h)))
@@ -301,6 +304,7 @@ contains
               qk = qk + Q(c + d*(i + n*(b*heads + h))) * K(c + d*(j + n*(b*heads + h)))
             end do
             t = exp(scale * qk - row_max) / row_sum
+            !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t * V(c + d*(j + &
                   & n*(b*heads + h)))
@@ -349,6 +353,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - delta(i + n*(b*heads &
                 & + h)))
+            !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n*(b*heads + h))) = dQ(c + d*(i + n*(b*heads + h))) + t2 * K(c + d*(j &
                   & + n*(b*heads + h)))
@@ -400,6 +405,7 @@ contains
               dov = dov + dO(c + d*(i + n*(b*heads + h))) * V(c + d*(j + n*(b*heads + h)))
             end do
             t4 = scale * t3 * (dov - delta(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, d - 1
               dK(c + d*(j + n*(b*heads + h))) = dK(c + d*(j + n*(b*heads + h))) + t4 * Q(c + d*(i &
                   & + n*(b*heads + h)))

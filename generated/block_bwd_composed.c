@@ -1372,6 +1372,7 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
                     norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
                 }
@@ -1858,6 +1859,7 @@ void block_bwd_composed_f64(
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const double t = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dQ[c + dh*(i + n*(b*heads + h))] += t * K[c + dh*(j + n*(b*heads + h))];
                     }
@@ -1898,6 +1900,7 @@ void block_bwd_composed_f64(
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const double t2 = scale * exp(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dK[c + dh*(j + n*(b*heads + h))] += t2 * Q[c + dh*(i + n*(b*heads + h))];
                     }
@@ -1930,6 +1933,7 @@ void block_bwd_composed_f64(
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     const double t3 = exp(scale * qk - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
                     }
@@ -2856,6 +2860,7 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
                     norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
                 }
@@ -4259,6 +4264,7 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
                     norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
                 }
@@ -4745,6 +4751,7 @@ void block_bwd_composed_f32(
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const float t = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dQ[c + dh*(i + n*(b*heads + h))] += t * K[c + dh*(j + n*(b*heads + h))];
                     }
@@ -4785,6 +4792,7 @@ void block_bwd_composed_f32(
                         dov += dattn[c + dh*(i + n*(b*heads + h))] * V[c + dh*(j + n*(b*heads + h))];
                     }
                     const float t2 = scale * expf(scale * qk - lse[i + n*(b*heads + h)]) * (dov - attn_delta[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dK[c + dh*(j + n*(b*heads + h))] += t2 * Q[c + dh*(i + n*(b*heads + h))];
                     }
@@ -4817,6 +4825,7 @@ void block_bwd_composed_f32(
                         qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                     }
                     const float t3 = expf(scale * qk - lse[i + n*(b*heads + h)]);
+                    #pragma omp simd
                     for (int64_t c = 0; c < dh; ++c) {
                         dV[c + dh*(j + n*(b*heads + h))] += t3 * dattn[c + dh*(i + n*(b*heads + h))];
                     }
@@ -5743,6 +5752,7 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
                     norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
                 }

@@ -1767,6 +1767,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, dm - 1
             norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) &
                 & * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
@@ -2366,6 +2367,7 @@ contains
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dQ(c + dh*(i + n*(b*heads + h))) = dQ(c + dh*(i + n*(b*heads + h))) + t * K(c + &
                   & dh*(j + n*(b*heads + h)))
@@ -2408,6 +2410,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dK(c + dh*(j + n*(b*heads + h))) = dK(c + dh*(j + n*(b*heads + h))) + t2 * Q(c + &
                   & dh*(i + n*(b*heads + h)))
@@ -2441,6 +2444,7 @@ contains
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * dattn(c &
                   & + dh*(i + n*(b*heads + h)))
@@ -3741,6 +3745,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, dm - 1
             norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) &
                 & * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
@@ -5538,6 +5543,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, dm - 1
             norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) &
                 & * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
@@ -6137,6 +6143,7 @@ contains
             end do
             t = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dQ(c + dh*(i + n*(b*heads + h))) = dQ(c + dh*(i + n*(b*heads + h))) + t * K(c + &
                   & dh*(j + n*(b*heads + h)))
@@ -6179,6 +6186,7 @@ contains
             end do
             t2 = scale * exp(scale * qk - lse(i + n*(b*heads + h))) * (dov - attn_delta(i + &
                 & n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dK(c + dh*(j + n*(b*heads + h))) = dK(c + dh*(j + n*(b*heads + h))) + t2 * Q(c + &
                   & dh*(i + n*(b*heads + h)))
@@ -6212,6 +6220,7 @@ contains
               qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
             end do
             t3 = exp(scale * qk - lse(i + n*(b*heads + h)))
+            !$omp simd
             do c = 0, dh - 1
               dV(c + dh*(j + n*(b*heads + h))) = dV(c + dh*(j + n*(b*heads + h))) + t3 * dattn(c &
                   & + dh*(i + n*(b*heads + h)))
@@ -7512,6 +7521,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, dm - 1
             norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) &
                 & * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)

@@ -58,6 +58,7 @@ void rmsnorm_bwd_dnf_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dweight_part[c + d*p] += dz[c + d*(b*n + i)] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
                 }
@@ -133,6 +134,7 @@ void rmsnorm_bwd_dnf_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
                     dweight_part[c + d*p] += dz[c + d*(b*n + i)] * x[c + d*(b*n + i)] * inv_rms[b*n + i];
                 }

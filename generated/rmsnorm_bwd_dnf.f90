@@ -60,6 +60,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, d - 1
             dweight_part(c + d*p) = dweight_part(c + d*p) + dz(c + d*(b*n + i)) * x(c + d*(b*n + &
                 & i)) * inv_rms(b*n + i)
@@ -136,6 +137,7 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          !$omp simd
           do c = 0, d - 1
             dweight_part(c + d*p) = dweight_part(c + d*p) + dz(c + d*(b*n + i)) * x(c + d*(b*n + &
                 & i)) * inv_rms(b*n + i)

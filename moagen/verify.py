@@ -115,6 +115,16 @@ def _mlp_forward(arrays, scalars):
     return dict(arrays, U=arrays["X"] @ arrays["Wg"])
 
 
+def _block_check(name, sizes, inputs=None, scalars=lambda s: {}, torch_eps=False) -> Check:
+    """A block-family kernel against moagen.reference_block's <name>_numpy and
+    <name>_torch (given the eps its kept statistics were computed with, where it needs it)."""
+    torch = getattr(reference_block, f"{name}_torch")
+    return Check(scalars=scalars,
+                 references={"numpy": getattr(reference_block, f"{name}_numpy"),
+                             "torch": partial(torch, eps=RMSNORM_EPS) if torch_eps else torch},
+                 sizes=sizes, inputs=inputs)
+
+
 CHECKS = {
     "attention_fwd": Check(
         scalars=_attention_scale,
@@ -156,65 +166,21 @@ CHECKS = {
         sizes=(dict(batch=1, kv_heads=1, cap=1, d=3, n=0), dict(batch=2, kv_heads=3, cap=7, d=5, n=4),
                dict(batch=1, kv_heads=2, cap=257, d=80, n=256)),
     ),
-    "rmsnorm_fwd": Check(
-        scalars=lambda s: {"eps": RMSNORM_EPS},
-        references={"numpy": reference_block.rmsnorm_fwd_numpy,
-                    "torch": reference_block.rmsnorm_fwd_torch},
-        sizes=RMSNORM_SIZES,
-    ),
-    "rmsnorm_bwd": Check(
-        scalars=lambda s: {},
-        references={"numpy": reference_block.rmsnorm_bwd_numpy,
-                    "torch": partial(reference_block.rmsnorm_bwd_torch, eps=RMSNORM_EPS)},
-        sizes=RMSNORM_SIZES + (dict(batch=2, n=40, d=33),),  # n past the 16 parts, uneven
-        inputs=_rmsnorm_forward,
-    ),
-    "rmsnorm_apply": Check(
-        scalars=lambda s: {},
-        references={"numpy": reference_block.rmsnorm_apply_numpy,
-                    "torch": reference_block.rmsnorm_apply_torch},
-        sizes=RMSNORM_SIZES,
-        inputs=_rmsnorm_forward,
-    ),
-    **{name: Check(
-        scalars=lambda s: {},
-        references={"numpy": getattr(reference_block, f"{name}_numpy"),
-                    "torch": getattr(reference_block, f"{name}_torch")},
-        sizes=PROJECTION_SIZES,
-    ) for name in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd")},
-    "residual_add": Check(
-        scalars=lambda s: {},
-        references={"numpy": reference_block.residual_add_numpy,
-                    "torch": reference_block.residual_add_torch},
-        sizes=tuple({k: s[k] for k in ("batch", "n", "dm")} for s in PROJECTION_SIZES),
-    ),
-    "block_fwd": Check(
-        scalars=_block_scalars,
-        references={"numpy": reference_block.block_fwd_numpy,
-                    "torch": reference_block.block_fwd_torch},
-        sizes=BLOCK_SIZES,
-        inputs=_block_weights,
-    ),
-    "block_bwd": Check(
-        scalars=lambda s: {"scale": _block_scalars(s)["scale"]},
-        references={"numpy": reference_block.block_bwd_numpy,
-                    "torch": partial(reference_block.block_bwd_torch, eps=RMSNORM_EPS)},
-        sizes=BLOCK_SIZES,
-        inputs=_block_forward,
-    ),
-    "mlp_fwd": Check(
-        scalars=lambda s: {},
-        references={"numpy": reference_block.mlp_fwd_numpy,
-                    "torch": reference_block.mlp_fwd_torch},
-        sizes=MLP_SIZES,
-    ),
-    "mlp_bwd": Check(
-        scalars=lambda s: {},
-        references={"numpy": reference_block.mlp_bwd_numpy,
-                    "torch": reference_block.mlp_bwd_torch},
-        sizes=MLP_SIZES,
-        inputs=_mlp_forward,
-    ),
+    "rmsnorm_fwd": _block_check("rmsnorm_fwd", RMSNORM_SIZES,
+                                scalars=lambda s: {"eps": RMSNORM_EPS}),
+    # n past the 16 partial sums, uneven
+    "rmsnorm_bwd": _block_check("rmsnorm_bwd", RMSNORM_SIZES + (dict(batch=2, n=40, d=33),),
+                                _rmsnorm_forward, torch_eps=True),
+    "rmsnorm_apply": _block_check("rmsnorm_apply", RMSNORM_SIZES, _rmsnorm_forward),
+    **{name: _block_check(name, PROJECTION_SIZES)
+       for name in ("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd")},
+    "residual_add": _block_check("residual_add", tuple({k: s[k] for k in ("batch", "n", "dm")}
+                                                       for s in PROJECTION_SIZES)),
+    "block_fwd": _block_check("block_fwd", BLOCK_SIZES, _block_weights, scalars=_block_scalars),
+    "block_bwd": _block_check("block_bwd", BLOCK_SIZES, _block_forward, torch_eps=True,
+                              scalars=lambda s: {"scale": _block_scalars(s)["scale"]}),
+    "mlp_fwd": _block_check("mlp_fwd", MLP_SIZES),
+    "mlp_bwd": _block_check("mlp_bwd", MLP_SIZES, _mlp_forward),
 }
 
 

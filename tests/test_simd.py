@@ -46,5 +46,6 @@ def test_lanes_that_would_interfere_are_not_vectorized():
     assert simd_clauses(_one_loop(Update("s", "max", x))) == " reduction(max:s)"
     assert not _one_loop(Update("s", "=", x)).simd  # a running value: order matters
     assert not _one_loop(Store("y", (sympy.Integer(0),), x, accumulate="+")).simd  # same element
+    assert _one_loop(Store("y", (I,), x, accumulate="+")).simd  # each lane its own element
     assert not _one_loop(Store("y", (I,), S.Load("y", I - 1))).simd  # the previous lane's
     assert _one_loop(Store("y", (I,), S.Bin("+", y, x))).simd  # its own element only

@@ -9,9 +9,11 @@ y[c]` runs one element per add latency. A loop marked here is printed with an Op
 tolerances.
 
 A loop is marked only where the lanes cannot interfere: it is innermost, not a register
-tile's sum (already vector code), every store in it is a plain store indexed by the loop
-variable with no other access to that array at another offset, and the outer locals it
-changes are accumulated with + or max.
+tile's sum (already vector code), every store in it (plain or accumulating, not atomic) is
+indexed by the loop variable with no other access to that array at another offset, and
+the outer locals it changes are accumulated with + or max. That a C function holding a
+register tile opts out of the loop vectorizer leaves these loops vectorized: `omp simd`
+asks for it loop by loop.
 """
 from dataclasses import replace
 
@@ -57,7 +59,7 @@ def _vectorizable(loop: Loop) -> bool:
         return False  # an assignment to an outer local (a running max) depends on order
     stores = [s for s in loop.body if isinstance(s, Store)]
     for st in stores:
-        if st.accumulate or st.atomic or loop.var not in sympy.sympify(st.index[0]).free_symbols:
+        if st.atomic or loop.var not in sympy.sympify(st.index[0]).free_symbols:
             return False  # every lane would update the same element
         reads = {e.offset for b in loop.body for x in stmt_exprs(b)
                  for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == st.array}
