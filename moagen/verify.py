@@ -21,6 +21,7 @@ from moagen.codegen.emit import onf_of
 from moagen.codegen.printer import signature
 from moagen.errors import DeviceUnavailable, UnknownNameError
 from moagen.kernels import KERNELS, get_kernel
+from moagen.kernels.block import FORWARD as BLOCK_FORWARD
 from moagen.onf.signature import DTYPES
 
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5}
@@ -94,20 +95,16 @@ def _block_scalars(sizes):
 def _block_weights(arrays, scalars):
     """Weights scaled by 1/sqrt(fan-in), as a model is initialized, so that activations
     stay O(1) through the block."""
-    fan_in = {"Wq": 0, "Wk": 0, "Wv": 0, "Wg": 0, "Wu": 0, "Wo": (0, 1), "Wd": 0}
-    scaled = {w: arrays[w] / math.sqrt(np.prod(np.array(arrays[w].shape)[list(np.atleast_1d(fan_in[w]))]))
-              for w in BLOCK_WEIGHTS}
-    return dict(arrays, **scaled)
+    fan_in = lambda w: math.prod(arrays[w].shape[:2 if w == "Wo" else 1])  # Wo: heads x dh
+    return dict(arrays, **{w: arrays[w] / math.sqrt(fan_in(w)) for w in BLOCK_WEIGHTS})
 
 
 def _block_forward(arrays, scalars):
     """The backward's kept activations, from the forward on the same x and weights."""
     arrays = _block_weights(arrays, scalars)
-    names = ("x", "norm1") + BLOCK_WEIGHTS[:4] + ("norm2",) + BLOCK_WEIGHTS[4:]
-    kept = reference_block.block_fwd_numpy(*(arrays[a] for a in names), eps=RMSNORM_EPS,
-                                           scale=scalars["scale"])[1:]
-    kept_names = ("inv_rms1", "Q", "K", "V", "attn", "lse", "resid", "inv_rms2", "U")
-    return dict(arrays, **dict(zip(kept_names, kept)))
+    kept = reference_block.block_fwd_numpy(*(arrays[a.name] for a in BLOCK_FORWARD.inputs),
+                                           eps=RMSNORM_EPS, scale=scalars["scale"])[1:]
+    return dict(arrays, **dict(zip(BLOCK_FORWARD.kept(), kept)))
 
 
 def _mlp_forward(arrays, scalars):

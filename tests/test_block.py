@@ -113,7 +113,7 @@ def test_a_tiled_function_keeps_the_compiler_from_revectorizing_its_tiles():
     (RegisterTile("z", "i", "c"), "exactly one sum"),
     (RegisterTile("z", "i", "c", mr=0), "at least 1"),
     (RegisterTile("z", "i", "c", mr=4, row_block=6), "multiple of 4 rows"),
-    (RegisterTile("nope", "i", "c"), "no nest nope"),
+    (RegisterTile("nope", "i", "c"), "has no nest 'nope'; it has inv_rms, z"),
 ])
 def test_register_tile_refuses_what_is_not_a_contraction(transform, words):
     k = get_kernel("rmsnorm_fwd")

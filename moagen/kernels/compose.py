@@ -20,6 +20,7 @@ from moagen.errors import SpecError
 from moagen.moa import expr as E
 from moagen.moa import scalar as S
 from moagen.moa.shape import fmt_shape, same_shape
+from moagen.moa.spec import sizes_of
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update
 
 
@@ -58,11 +59,7 @@ class Composite:
 
     @property
     def sizes(self) -> Tuple[sympy.Symbol, ...]:
-        seen = []
-        for a in self.inputs:
-            for d in a.shape:
-                seen += [s for s in sorted(d.free_symbols, key=lambda s: s.name) if s not in seen]
-        return tuple(seen)
+        return sizes_of(self.inputs)
 
 
 def compose(composite: Composite, stage_onf) -> ONF:

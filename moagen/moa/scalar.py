@@ -172,5 +172,21 @@ def subexpressions(e: ScalarExpr):
         yield from subexpressions(c)
 
 
+def nested_sums(e: ScalarExpr):
+    """([the + reductions e opens with, outermost first], the body inside the last)."""
+    sums = []
+    while isinstance(e, Reduction) and e.op == "+":
+        sums.append(e)
+        e = e.body
+    return sums, e
+
+
+def replace_node(e: ScalarExpr, old: ScalarExpr, new: ScalarExpr) -> ScalarExpr:
+    """e with every subexpression equal to old replaced by new."""
+    if e == old:
+        return new
+    return map_children(e, lambda c: replace_node(c, old, new))
+
+
 def contains(e: ScalarExpr, kind) -> bool:
     return any(isinstance(x, kind) for x in subexpressions(e))

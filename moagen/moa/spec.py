@@ -10,6 +10,15 @@ from moagen.moa import expr as E
 from moagen.moa.shape import check, fmt_shape, same_shape, shape_of
 
 
+def sizes_of(arrays) -> Tuple[sympy.Symbol, ...]:
+    """The size symbols of the arrays' shapes in order of first appearance."""
+    seen = []
+    for a in arrays:
+        for dim in a.shape:
+            seen += [s for s in sorted(dim.free_symbols, key=lambda s: s.name) if s not in seen]
+    return tuple(seen)
+
+
 @dataclass(frozen=True)
 class Output:
     name: str
@@ -27,15 +36,10 @@ class KernelSpec:
 
     @property
     def sizes(self) -> Tuple[sympy.Symbol, ...]:
-        """The size symbols in order of first appearance in the inputs' shapes, then the
-        given ones: the order of the integer arguments in every language."""
-        seen = []
-        for a in self.inputs:
-            for dim in a.shape:
-                for s in sorted(dim.free_symbols, key=lambda s: s.name):
-                    if s not in seen:
-                        seen.append(s)
-        return tuple(seen) + tuple(E.sym(g) for g in self.given if E.sym(g) not in seen)
+        """The size symbols of the inputs' shapes, then the given ones: the order of the
+        integer arguments in every language."""
+        seen = sizes_of(self.inputs)
+        return seen + tuple(E.sym(g) for g in self.given if E.sym(g) not in seen)
 
     def output_shapes(self):
         return {o.name: check(o.value, f"{self.name}.{o.name}") for o in self.outputs}

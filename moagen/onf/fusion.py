@@ -7,17 +7,9 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, perfect_chain,
-                              stmt_exprs, walk)
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
+                              perfect_chain, stmt_exprs, walk)
 from moagen.onf.names import base_name
-
-
-def _nest(onf, label):
-    for n in onf.nests:
-        if n.label == label:
-            return n
-    raise ScheduleError(f"{onf.name} has no nest {label!r}; it has "
-                        f"{', '.join(n.label for n in onf.nests)}")
 
 
 @dataclass(frozen=True)
@@ -34,7 +26,7 @@ class Scatter:
         return f"scatter({self.nest}, over={self.over}, outer=({', '.join(self.outer)}))"
 
     def __call__(self, onf: ONF) -> ONF:
-        nest = _nest(onf, self.nest)
+        nest = find_nest(onf, self.nest, self)
         store = next((s for s in walk(nest.body) if isinstance(s, Store)), None)
         loops = perfect_chain(nest.body, len(store.index) if store else 0)
         red = store.value if store else None
@@ -78,7 +70,7 @@ class FuseNests:
         return f"fuse({', '.join(self.nests)}, over=({', '.join(self.over)}))"
 
     def __call__(self, onf: ONF) -> ONF:
-        chosen = [_nest(onf, label) for label in self.nests]
+        chosen = [find_nest(onf, label, self) for label in self.nests]
         chains = [perfect_chain(n.body, len(self.over)) for n in chosen]
         for n, chain in zip(chosen, chains):
             if chain is None or [lp.var.name for lp in chain] != list(self.over):

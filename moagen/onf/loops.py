@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 import sympy
 
+from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.dnf import format_scalar
 from moagen.moa.shape import fmt_shape
@@ -105,6 +106,25 @@ def map_stmt_exprs(s: Stmt, fn) -> Stmt:
     if isinstance(s, Loop):
         return replace(s, body=tuple(map_stmt_exprs(b, fn) for b in s.body))
     return replace(s, value=fn(s.value))
+
+
+def find_nest(onf: "ONF", label: str, who) -> "Nest":
+    """The nest called label; ScheduleError naming the transform `who` and the nests there
+    are otherwise."""
+    for n in onf.nests:
+        if n.label == label:
+            return n
+    raise ScheduleError(f"{who}: {onf.name} has no nest {label!r}; it has "
+                        f"{', '.join(n.label for n in onf.nests)}")
+
+
+def loop_nest(stmts):
+    """(the perfectly nested loops stmts start with, outermost first; the body inside them)."""
+    chain = []
+    while len(stmts) == 1 and isinstance(stmts[0], Loop):
+        chain.append(stmts[0])
+        stmts = stmts[0].body
+    return chain, stmts
 
 
 def perfect_chain(stmts, count):

@@ -19,7 +19,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, enclose
+from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
 
@@ -36,21 +36,13 @@ class PartialSums:
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
             raise ScheduleError(f"{self}: the number of parts must be at least 1")
-        nest = next((n for n in onf.nests if n.label == self.nest), None)
-        if nest is None:
-            raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest}")
-        out_loops, stmts = [], nest.body
-        while len(stmts) == 1 and isinstance(stmts[0], Loop):
-            out_loops.append(stmts[0])
-            stmts = stmts[0].body
+        nest = find_nest(onf, self.nest, self)
+        out_loops, stmts = loop_nest(nest.body)
         store = stmts[0] if len(stmts) == 1 else None
         if not isinstance(store, Store) or store.accumulate or \
                 not isinstance(store.value, S.Reduction):
             raise ScheduleError(f"{self}: nest {self.nest} is not loops around one store of a sum")
-        sums, body = [], store.value
-        while isinstance(body, S.Reduction) and body.op == "+":
-            sums.append(body)
-            body = body.body
+        sums, body = S.nested_sums(store.value)
         if isinstance(body, S.Reduction) or self.var not in [base_name(r.var.name) for r in sums]:
             raise ScheduleError(f"{self}: the value stored by nest {self.nest} is not a sum over "
                                 f"{self.var}")

@@ -23,7 +23,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Buffer, Let, Loop, Nest, ONF, Store, Update, enclose
+from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
+                              loop_nest)
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
 
@@ -51,17 +52,12 @@ class RegisterTile:
             raise ScheduleError(f"{self}: tile sizes must be at least 1")
         if self.row_block < 0 or self.row_block % self.mr:
             raise ScheduleError(f"{self}: a row block must be a multiple of {self.mr} rows")
-        nest = next((n for n in onf.nests if n.label == self.nest), None)
-        if nest is None:
-            raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest}")
+        nest = find_nest(onf, self.nest, self)
         chain, store = self._pattern(nest)
         store = replace(store, value=_merge_sums(store.value))
         *outer, rows, cols = chain
         reduction = self._contraction(store, rows, cols)
-        sums, body = [], reduction
-        while isinstance(body, S.Reduction) and body.op == "+":
-            sums.append(body)
-            body = body.body
+        sums, body = S.nested_sums(reduction)
 
         # loop variables may repeat another nest's, accumulators another nest's locals
         names = kernel_names(onf)
@@ -84,7 +80,7 @@ class RegisterTile:
                 acc = acc_names.claim(acc_names.new(f"acc_{u}_{v}"))
                 lets.append(Let(acc, S.Num(0.0)))
                 updates.append(Update(acc, "+", S.subs(body, at)))
-                value = _replace_once(store.value, reduction, S.Local(acc))
+                value = S.replace_node(store.value, reduction, S.Local(acc))
                 stores.append(Store(store.array, tuple(sympy.sympify(i).xreplace(at)
                                                         for i in store.index),
                                     S.subs(value, at)))
@@ -142,16 +138,13 @@ class RegisterTile:
                 Loop(lanes, sympy.Integer(0), sympy.Integer(self.nr), ())]
             copy_nest = enclose(loops, (copy,))
             packed.append((operand.array, panel, (replace(copy_nest[0], parallel=1),)))
-            body = _replace_access(body, operand,
-                                   S.Access(panel.name, head + (cols.var - self.nr * c_tile,)))
+            body = S.replace_node(body, operand,
+                                  S.Access(panel.name, head + (cols.var - self.nr * c_tile,)))
         return body, packed
 
     def _pattern(self, nest: Nest):
         """The loops down to a single plain store, the last two being rows and cols."""
-        chain, stmts = [], nest.body
-        while len(stmts) == 1 and isinstance(stmts[0], Loop):
-            chain.append(stmts[0])
-            stmts = stmts[0].body
+        chain, stmts = loop_nest(nest.body)
         names = [lp.var.name for lp in chain[-2:]]
         if (len(stmts) != 1 or not isinstance(stmts[0], Store) or stmts[0].accumulate
                 or names != [self.rows, self.cols]):
@@ -200,15 +193,3 @@ def _outermost_reductions(e):
 
 def _symbols(access):
     return set().union(*(sympy.sympify(i).free_symbols for i in access.index))
-
-
-def _replace_access(e, old, new):
-    if e == old:
-        return new
-    return S.map_children(e, lambda c: _replace_access(c, old, new))
-
-
-def _replace_once(e, target, local):
-    if e is target:
-        return local
-    return S.map_children(e, lambda c: _replace_once(c, target, local))
