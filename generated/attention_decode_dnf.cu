@@ -83,29 +83,32 @@ __global__ void attention_decode_dnf_f64_heads(
         O[c + d*(b*q_heads + h)] = 0.0;
     }
     double row_max = -INFINITY;
+    const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
         }
         row_max = fmax(row_max, scale * qk);
     }
     double row_sum = 0.0;
+    const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + h)];
         }
         row_sum += exp(scale * qk - row_max);
     }
+    const int64_t quot3 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         double qk = 0.0;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + h)];
         }
         const double t = exp(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
+            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + quot3) + j)];
         }
     }
     lse[b*q_heads + h] = row_max + log(row_sum);
@@ -215,29 +218,32 @@ __global__ void attention_decode_dnf_f32_heads(
         O[c + d*(b*q_heads + h)] = 0.0f;
     }
     float row_max = -INFINITY;
+    const int64_t quot = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
         }
         row_max = fmaxf(row_max, scale * qk);
     }
     float row_sum = 0.0f;
+    const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot2) + j)] * q[c + d*(b*q_heads + h)];
         }
         row_sum += expf(scale * qk - row_max);
     }
+    const int64_t quot3 = ((h) / (((q_heads) / kv_heads)));
     for (int64_t j = 0; j < n; ++j) {
         float qk = 0.0f;
         for (int64_t c = 0; c < d; ++c) {
-            qk += K[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)] * q[c + d*(b*q_heads + h)];
+            qk += K[c + d*(cap*(b*kv_heads + quot3) + j)] * q[c + d*(b*q_heads + h)];
         }
         const float t = expf(scale * qk - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)];
+            O[c + d*(b*q_heads + h)] += t * V[c + d*(cap*(b*kv_heads + quot3) + j)];
         }
     }
     lse[b*q_heads + h] = row_max + logf(row_sum);

@@ -18,7 +18,7 @@ contains
     real(c_double), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_double), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_double), intent(out) :: lse(0:batch * q_heads - 1)
-    integer(c_int64_t) :: b, h, c, j
+    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3
     real(c_double) :: row_max, qk, row_sum, t
     real(c_double) :: neg_inf
 
@@ -76,7 +76,8 @@ contains
     !                     )
     !                 )
     !             )
-    !$omp parallel do collapse(2) schedule(static) private(c, j, row_max, qk, row_sum, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, row_max, qk, &
+    !$omp& row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd
@@ -84,37 +85,37 @@ contains
           O(c + d*(b*q_heads + h)) = 0.0_c_double
         end do
         row_max = neg_inf
+        quot = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
         end do
         row_sum = 0.0_c_double
+        quot2 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
         end do
+        quot3 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_double
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & ((h) / (((q_heads) / kv_heads)))) + j))
+                & quot3) + j))
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)
@@ -132,7 +133,7 @@ contains
     real(c_float), intent(in) :: V(0:batch * kv_heads * cap * d - 1)
     real(c_float), intent(out) :: O(0:batch * q_heads * d - 1)
     real(c_float), intent(out) :: lse(0:batch * q_heads - 1)
-    integer(c_int64_t) :: b, h, c, j
+    integer(c_int64_t) :: b, h, c, j, quot, quot2, quot3
     real(c_float) :: row_max, qk, row_sum, t
     real(c_float) :: neg_inf
 
@@ -190,7 +191,8 @@ contains
     !                     )
     !                 )
     !             )
-    !$omp parallel do collapse(2) schedule(static) private(c, j, row_max, qk, row_sum, t)
+    !$omp parallel do collapse(2) schedule(static) private(c, j, quot, quot2, quot3, row_max, qk, &
+    !$omp& row_sum, t)
     do b = 0, batch - 1
       do h = 0, q_heads - 1
         !$omp simd
@@ -198,37 +200,37 @@ contains
           O(c + d*(b*q_heads + h)) = 0.0_c_float
         end do
         row_max = neg_inf
+        quot = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot) + j)) * q(c + d*(b*q_heads + h))
           end do
           row_max = max(row_max, scale * qk)
         end do
         row_sum = 0.0_c_float
+        quot2 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot2) + j)) * q(c + d*(b*q_heads + h))
           end do
           row_sum = row_sum + exp(scale * qk - row_max)
         end do
+        quot3 = ((h) / (((q_heads) / kv_heads)))
         do j = 0, n - 1
           qk = 0.0_c_float
           !$omp simd reduction(+:qk)
           do c = 0, d - 1
-            qk = qk + K(c + d*(cap*(b*kv_heads + ((h) / (((q_heads) / kv_heads)))) + j)) * q(c + &
-                & d*(b*q_heads + h))
+            qk = qk + K(c + d*(cap*(b*kv_heads + quot3) + j)) * q(c + d*(b*q_heads + h))
           end do
           t = exp(scale * qk - row_max) / row_sum
           !$omp simd
           do c = 0, d - 1
             O(c + d*(b*q_heads + h)) = O(c + d*(b*q_heads + h)) + t * V(c + d*(cap*(b*kv_heads + &
-                & ((h) / (((q_heads) / kv_heads)))) + j))
+                & quot3) + j))
           end do
         end do
         lse(b*q_heads + h) = row_max + log(row_sum)

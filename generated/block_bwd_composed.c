@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void block_bwd_composed_f64(
+static void block_bwd_composed_f64_mlp_dH(
     const double *restrict x,
     const double *restrict norm1,
     const double *restrict Wq,
@@ -88,43 +88,6 @@ void block_bwd_composed_f64(
     double scale
 )
 {
-    /* norm2_apply.z: from the DNF
-     * stage norm2_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-        }
-    }
-    /* mlp.WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WdT[c, e] = (<e c> psi Wd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        #pragma omp simd
-        for (int64_t e = 0; e < dff; ++e) {
-            mlp_WdT[c*dff + e] = Wd[c + dm*e];
-        }
-    }
-    /* mlp.dH.pack_WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* mlp.dH: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
@@ -284,36 +247,90 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.dH.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
-                }
-                mlp_dH[dff*(b*n + i) + e] = dfw;
-            }
-        }
-    }
-    /* mlp.V.pack_Wu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_mlp_V(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* mlp.V: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -473,100 +490,90 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.V.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xu = 0.0;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_V[dff*(b*n + i) + e] = xu;
-            }
-        }
-    }
-    /* mlp.dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
-            }
-        }
-    }
-    /* mlp.WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WgT[e, c] = (<c e> psi Wg)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            mlp_WgT[c + dm*e] = Wg[c*dff + e];
-        }
-    }
-    /* mlp.dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
-            }
-        }
-    }
-    /* mlp.WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WuT[e, c] = (<c e> psi Wu)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            mlp_WuT[c + dm*e] = Wu[c*dff + e];
-        }
-    }
-    /* mlp.dX.pack_WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
-    /* mlp.dX.pack_WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_mlp_dX(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* mlp.dX: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -727,39 +734,90 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* mlp.dX.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                double dug = 0.0;
-                #pragma omp simd reduction(+:dug)
-                for (int64_t e = 0; e < dff; ++e) {
-                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
-                }
-                dxn2[c + dm*(b*n + i)] = dug;
-            }
-        }
-    }
-    /* mlp.dWg.pack_dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_mlp_dWg(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
@@ -917,40 +975,90 @@ void block_bwd_composed_f64(
             dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* mlp.dWg.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_g = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double xdu = 0.0;
-                #pragma omp simd reduction(+:xdu)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
-                }
-                batch_g += xdu;
-            }
-            dWg[c*dff + e] = batch_g;
-        }
-    }
-    /* mlp.dWu.pack_dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_mlp_dWu(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
@@ -1108,53 +1216,90 @@ void block_bwd_composed_f64(
             dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* mlp.dWu.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            double batch_u = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double xdv = 0.0;
-                #pragma omp simd reduction(+:xdv)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
-                }
-                batch_u += xdv;
-            }
-            dWu[c*dff + e] = batch_u;
-        }
-    }
-    /* mlp.H: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
-            }
-        }
-    }
-    /* mlp.dWd.pack_dF: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_mlp_dWd(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
@@ -1312,130 +1457,90 @@ void block_bwd_composed_f64(
             dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
-    /* mlp.dWd.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            double batch_d = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                double hdf = 0.0;
-                #pragma omp simd reduction(+:hdf)
-                for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
-                }
-                batch_d += hdf;
-            }
-            dWd[c + dm*e] = batch_d;
-        }
-    }
-    /* norm2.dx: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double dot = 0.0;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-            const double t = dot / (double)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-            }
-        }
-    }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t p = 0; p < 16; ++p) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            norm2_dweight_part[c + dm*p] = 0.0;
-        }
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                #pragma omp simd
-                for (int64_t c = 0; c < dm; ++c) {
-                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                }
-            }
-        }
-    }
-    /* norm2.dweight: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
-     */
-    for (int64_t c = 0; c < dm; ++c) {
-        double dweight_sum = 0.0;
-        #pragma omp simd reduction(+:dweight_sum)
-        for (int64_t p = 0; p < 16; ++p) {
-            dweight_sum += norm2_dweight_part[c + dm*p];
-        }
-        dnorm2[c] = dweight_sum;
-    }
-    /* add2.y: from the DNF
-     * stage add2: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t m = 0; m < dm; ++m) {
-                dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
-            }
-        }
-    }
-    /* out.WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * WoT[h, m, c] = (<h c m> psi Wo)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dh; ++c) {
-                out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-            }
-        }
-    }
-    /* out.dO.pack_WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_out_dO(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* out.dO: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -1595,40 +1700,90 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* out.dO.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double yw = 0.0;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
-                    }
-                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
-                }
-            }
-        }
-    }
-    /* out.dWo.pack_dY: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_out_dWo(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
     /* out.dWo: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -1788,6 +1943,1504 @@ void block_bwd_composed_f64(
             }
         }
     }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_qkv_dX(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    /* qkv.dX: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_qkv_dWq(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    /* qkv.dWq: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_qkv_dWk(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    /* qkv.dWk: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f64_qkv_dWv(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    /* qkv.dWv: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+void block_bwd_composed_f64(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict inv_rms1,
+    const double *restrict Q,
+    const double *restrict K,
+    const double *restrict V,
+    const double *restrict attn,
+    const double *restrict lse,
+    const double *restrict resid,
+    const double *restrict inv_rms2,
+    const double *restrict U,
+    const double *restrict dy,
+    double *restrict dx,
+    double *restrict dnorm1,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict dWo,
+    double *restrict dnorm2,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict xn2,
+    double *restrict dxn2,
+    double *restrict dresid_norm,
+    double *restrict dresid,
+    double *restrict dattn,
+    double *restrict dQ,
+    double *restrict dK,
+    double *restrict dV,
+    double *restrict xn1,
+    double *restrict dxn1,
+    double *restrict dx_norm,
+    double *restrict mlp_WdT,
+    double *restrict mlp_dH,
+    double *restrict mlp_V,
+    double *restrict mlp_dU,
+    double *restrict mlp_WgT,
+    double *restrict mlp_dV,
+    double *restrict mlp_WuT,
+    double *restrict mlp_H,
+    double *restrict mlp_WdT_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_WgT_panel,
+    double *restrict mlp_WuT_panel,
+    double *restrict mlp_dU_panel,
+    double *restrict mlp_dV_panel,
+    double *restrict mlp_dF_panel,
+    double *restrict norm2_dweight_part,
+    double *restrict out_WoT,
+    double *restrict out_WoT_panel,
+    double *restrict out_dY_panel,
+    double *restrict attn_delta,
+    double *restrict qkv_WqT,
+    double *restrict qkv_WkT,
+    double *restrict qkv_WvT,
+    double *restrict qkv_WqT_panel,
+    double *restrict qkv_WkT_panel,
+    double *restrict qkv_WvT_panel,
+    double *restrict qkv_dQ_panel,
+    double *restrict qkv_dK_panel,
+    double *restrict qkv_dV_panel,
+    double *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    /* norm2_apply.z: from the DNF
+     * stage norm2_apply: rmsnorm_apply dnf
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+        }
+    }
+    /* mlp.WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WdT[c, e] = (<e c> psi Wd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
+        for (int64_t e = 0; e < dff; ++e) {
+            mlp_WdT[c*dff + e] = Wd[c + dm*e];
+        }
+    }
+    /* mlp.dH.pack_WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dH.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
+                }
+                mlp_dH[dff*(b*n + i) + e] = dfw;
+            }
+        }
+    }
+    /* mlp.V.pack_Wu: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.V.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                mlp_V[dff*(b*n + i) + e] = xu;
+            }
+        }
+    }
+    /* mlp.dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                const double t = 1.0 / (1.0 + exp(-U[dff*(b*n + i) + e]));
+                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0 + U[dff*(b*n + i) + e] * (1.0 - t));
+            }
+        }
+    }
+    /* mlp.WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WgT[e, c] = (<c e> psi Wg)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            mlp_WgT[c + dm*e] = Wg[c*dff + e];
+        }
+    }
+    /* mlp.dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e]));
+            }
+        }
+    }
+    /* mlp.WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WuT[e, c] = (<c e> psi Wu)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            mlp_WuT[c + dm*e] = Wu[c*dff + e];
+        }
+    }
+    /* mlp.dX.pack_WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    /* mlp.dX.pack_WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dX.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                double dug = 0.0;
+                #pragma omp simd reduction(+:dug)
+                for (int64_t e = 0; e < dff; ++e) {
+                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
+                }
+                dxn2[c + dm*(b*n + i)] = dug;
+            }
+        }
+    }
+    /* mlp.dWg.pack_dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWg.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            double batch_g = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double xdu = 0.0;
+                #pragma omp simd reduction(+:xdu)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                }
+                batch_g += xdu;
+            }
+            dWg[c*dff + e] = batch_g;
+        }
+    }
+    /* mlp.dWu.pack_dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWu.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            double batch_u = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double xdv = 0.0;
+                #pragma omp simd reduction(+:xdv)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                }
+                batch_u += xdv;
+            }
+            dWu[c*dff + e] = batch_u;
+        }
+    }
+    /* mlp.H: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+            }
+        }
+    }
+    /* mlp.dWd.pack_dF: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f64_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWd.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+            double batch_d = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                double hdf = 0.0;
+                #pragma omp simd reduction(+:hdf)
+                for (int64_t i = 0; i < n; ++i) {
+                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                }
+                batch_d += hdf;
+            }
+            dWd[c + dm*e] = batch_d;
+        }
+    }
+    /* norm2.dx: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dx[b, i, c] = (<b i> psi inv_rms)
+     *               * ((<b i c> psi dz) * (<c> psi weight)
+     *               - (<b i c> psi x) * (<b i> psi inv_rms)
+     *               * sum[c2 < d](
+     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+     *               )
+     *               / d)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            double dot = 0.0;
+            #pragma omp simd reduction(+:dot)
+            for (int64_t c = 0; c < dm; ++c) {
+                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+            const double t = dot / (double)dm;
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
+            }
+        }
+    }
+    /* norm2.dweight.partial: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dweight[c] = sum[b2 < batch](
+     *                  sum[i2 < n](
+     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+     *                  )
+     *              )
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            norm2_dweight_part[c + dm*p] = 0.0;
+        }
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dm; ++c) {
+                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                }
+            }
+        }
+    }
+    /* norm2.dweight: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dweight[c] = sum[b2 < batch](
+     *                  sum[i2 < n](
+     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+     *                  )
+     *              )
+     */
+    for (int64_t c = 0; c < dm; ++c) {
+        double dweight_sum = 0.0;
+        #pragma omp simd reduction(+:dweight_sum)
+        for (int64_t p = 0; p < 16; ++p) {
+            dweight_sum += norm2_dweight_part[c + dm*p];
+        }
+        dnorm2[c] = dweight_sum;
+    }
+    /* add2.y: from the DNF
+     * stage add2: residual_add dnf
+     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < dm; ++m) {
+                dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
+            }
+        }
+    }
+    /* out.WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * WoT[h, m, c] = (<h c m> psi Wo)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dh; ++c) {
+                out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+            }
+        }
+    }
+    /* out.dO.pack_WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f64_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dO.edge: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double yw = 0.0;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+                    }
+                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
+                }
+            }
+        }
+    }
+    /* out.dWo.pack_dY: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f64_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dWo.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -2044,167 +3697,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dX: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f64_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dX.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -2245,165 +3738,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWq: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f64_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWq.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -2442,165 +3777,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWk: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f64_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWk.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -2639,165 +3816,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* qkv.dWv: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f64_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWv.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -2899,7 +3918,7 @@ void block_bwd_composed_f64(
 }
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void block_bwd_composed_f32(
+static void block_bwd_composed_f32_mlp_dH(
     const float *restrict x,
     const float *restrict norm1,
     const float *restrict Wq,
@@ -2980,43 +3999,6 @@ void block_bwd_composed_f32(
     float scale
 )
 {
-    /* norm2_apply.z: from the DNF
-     * stage norm2_apply: rmsnorm_apply dnf
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-        }
-    }
-    /* mlp.WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WdT[c, e] = (<e c> psi Wd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        #pragma omp simd
-        for (int64_t e = 0; e < dff; ++e) {
-            mlp_WdT[c*dff + e] = Wd[c + dm*e];
-        }
-    }
-    /* mlp.dH.pack_WdT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* mlp.dH: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
@@ -3176,36 +4158,90 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.dH.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float dfw = 0.0f;
-                #pragma omp simd reduction(+:dfw)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
-                }
-                mlp_dH[dff*(b*n + i) + e] = dfw;
-            }
-        }
-    }
-    /* mlp.V.pack_Wu: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_mlp_V(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* mlp.V: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -3365,100 +4401,90 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.V.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xu = 0.0f;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_V[dff*(b*n + i) + e] = xu;
-            }
-        }
-    }
-    /* mlp.dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
-            }
-        }
-    }
-    /* mlp.WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WgT[e, c] = (<c e> psi Wg)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            mlp_WgT[c + dm*e] = Wg[c*dff + e];
-        }
-    }
-    /* mlp.dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
-            }
-        }
-    }
-    /* mlp.WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * WuT[e, c] = (<c e> psi Wu)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            mlp_WuT[c + dm*e] = Wu[c*dff + e];
-        }
-    }
-    /* mlp.dX.pack_WgT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
-    /* mlp.dX.pack_WuT: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_mlp_dX(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* mlp.dX: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -3619,39 +4645,90 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* mlp.dX.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                float dug = 0.0f;
-                #pragma omp simd reduction(+:dug)
-                for (int64_t e = 0; e < dff; ++e) {
-                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
-                }
-                dxn2[c + dm*(b*n + i)] = dug;
-            }
-        }
-    }
-    /* mlp.dWg.pack_dU: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_mlp_dWg(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
@@ -3809,40 +4886,90 @@ void block_bwd_composed_f32(
             dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* mlp.dWg.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_g = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                float xdu = 0.0f;
-                #pragma omp simd reduction(+:xdu)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
-                }
-                batch_g += xdu;
-            }
-            dWg[c*dff + e] = batch_g;
-        }
-    }
-    /* mlp.dWu.pack_dV: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_mlp_dWu(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
@@ -4000,53 +5127,90 @@ void block_bwd_composed_f32(
             dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* mlp.dWu.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_u = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                float xdv = 0.0f;
-                #pragma omp simd reduction(+:xdv)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
-                }
-                batch_u += xdv;
-            }
-            dWu[c*dff + e] = batch_u;
-        }
-    }
-    /* mlp.H: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
-            }
-        }
-    }
-    /* mlp.dWd.pack_dF: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_mlp_dWd(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
@@ -4204,130 +5368,90 @@ void block_bwd_composed_f32(
             dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
-    /* mlp.dWd.edge: from the DNF
-     * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-            float batch_d = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                float hdf = 0.0f;
-                #pragma omp simd reduction(+:hdf)
-                for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
-                }
-                batch_d += hdf;
-            }
-            dWd[c + dm*e] = batch_d;
-        }
-    }
-    /* norm2.dx: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            float dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-            const float t = dot / (float)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-            }
-        }
-    }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t p = 0; p < 16; ++p) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            norm2_dweight_part[c + dm*p] = 0.0f;
-        }
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
-                #pragma omp simd
-                for (int64_t c = 0; c < dm; ++c) {
-                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-                }
-            }
-        }
-    }
-    /* norm2.dweight: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
-     */
-    for (int64_t c = 0; c < dm; ++c) {
-        float dweight_sum = 0.0f;
-        #pragma omp simd reduction(+:dweight_sum)
-        for (int64_t p = 0; p < 16; ++p) {
-            dweight_sum += norm2_dweight_part[c + dm*p];
-        }
-        dnorm2[c] = dweight_sum;
-    }
-    /* add2.y: from the DNF
-     * stage add2: residual_add dnf
-     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t m = 0; m < dm; ++m) {
-                dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
-            }
-        }
-    }
-    /* out.WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * WoT[h, m, c] = (<h c m> psi Wo)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dh; ++c) {
-                out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-            }
-        }
-    }
-    /* out.dO.pack_WoT: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_out_dO(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* out.dO: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -4487,40 +5611,90 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* out.dO.edge: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float yw = 0.0f;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
-                    }
-                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
-                }
-            }
-        }
-    }
-    /* out.dWo.pack_dY: from the DNF
-     * stage out: out_proj_bwd tiled
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_out_dWo(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
     /* out.dWo: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -4680,6 +5854,1504 @@ void block_bwd_composed_f32(
             }
         }
     }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_qkv_dX(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    /* qkv.dX: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                for (int64_t h = 0; h < heads; ++h) {
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_qkv_dWq(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    /* qkv.dWq: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_qkv_dWk(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    /* qkv.dWk: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_bwd_composed_f32_qkv_dWv(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    /* qkv.dWv: from the DNF
+     * stage qkv: qkv_proj_bwd tiled
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+void block_bwd_composed_f32(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict inv_rms1,
+    const float *restrict Q,
+    const float *restrict K,
+    const float *restrict V,
+    const float *restrict attn,
+    const float *restrict lse,
+    const float *restrict resid,
+    const float *restrict inv_rms2,
+    const float *restrict U,
+    const float *restrict dy,
+    float *restrict dx,
+    float *restrict dnorm1,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict dWo,
+    float *restrict dnorm2,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict xn2,
+    float *restrict dxn2,
+    float *restrict dresid_norm,
+    float *restrict dresid,
+    float *restrict dattn,
+    float *restrict dQ,
+    float *restrict dK,
+    float *restrict dV,
+    float *restrict xn1,
+    float *restrict dxn1,
+    float *restrict dx_norm,
+    float *restrict mlp_WdT,
+    float *restrict mlp_dH,
+    float *restrict mlp_V,
+    float *restrict mlp_dU,
+    float *restrict mlp_WgT,
+    float *restrict mlp_dV,
+    float *restrict mlp_WuT,
+    float *restrict mlp_H,
+    float *restrict mlp_WdT_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_WgT_panel,
+    float *restrict mlp_WuT_panel,
+    float *restrict mlp_dU_panel,
+    float *restrict mlp_dV_panel,
+    float *restrict mlp_dF_panel,
+    float *restrict norm2_dweight_part,
+    float *restrict out_WoT,
+    float *restrict out_WoT_panel,
+    float *restrict out_dY_panel,
+    float *restrict attn_delta,
+    float *restrict qkv_WqT,
+    float *restrict qkv_WkT,
+    float *restrict qkv_WvT,
+    float *restrict qkv_WqT_panel,
+    float *restrict qkv_WkT_panel,
+    float *restrict qkv_WvT_panel,
+    float *restrict qkv_dQ_panel,
+    float *restrict qkv_dK_panel,
+    float *restrict qkv_dV_panel,
+    float *restrict norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    /* norm2_apply.z: from the DNF
+     * stage norm2_apply: rmsnorm_apply dnf
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+        }
+    }
+    /* mlp.WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WdT[c, e] = (<e c> psi Wd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
+        for (int64_t e = 0; e < dff; ++e) {
+            mlp_WdT[c*dff + e] = Wd[c + dm*e];
+        }
+    }
+    /* mlp.dH.pack_WdT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WdT_panel[8*c + 8*dm*e_tile + lane] = mlp_WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dH.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float dfw = 0.0f;
+                #pragma omp simd reduction(+:dfw)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dfw += dy[c + dm*(b*n + i)] * mlp_WdT[c*dff + e];
+                }
+                mlp_dH[dff*(b*n + i) + e] = dfw;
+            }
+        }
+    }
+    /* mlp.V.pack_Wu: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.V.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                mlp_V[dff*(b*n + i) + e] = xu;
+            }
+        }
+    }
+    /* mlp.dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
+                mlp_dU[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * mlp_V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+            }
+        }
+    }
+    /* mlp.WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WgT[e, c] = (<c e> psi Wg)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            mlp_WgT[c + dm*e] = Wg[c*dff + e];
+        }
+    }
+    /* mlp.dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_dV[dff*(b*n + i) + e] = mlp_dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
+            }
+        }
+    }
+    /* mlp.WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * WuT[e, c] = (<c e> psi Wu)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            mlp_WuT[c + dm*e] = Wu[c*dff + e];
+        }
+    }
+    /* mlp.dX.pack_WgT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WgT_panel[8*c_tile*dff + 8*e + lane] = mlp_WgT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    /* mlp.dX.pack_WuT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_WuT_panel[8*c_tile*dff + 8*e + lane] = mlp_WuT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dX.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                float dug = 0.0f;
+                #pragma omp simd reduction(+:dug)
+                for (int64_t e = 0; e < dff; ++e) {
+                    dug += mlp_dU[dff*(b*n + i) + e] * mlp_WgT[c + dm*e] + mlp_dV[dff*(b*n + i) + e] * mlp_WuT[c + dm*e];
+                }
+                dxn2[c + dm*(b*n + i)] = dug;
+            }
+        }
+    }
+    /* mlp.dWg.pack_dU: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dU[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWg.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            float batch_g = 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+                float xdu = 0.0f;
+                #pragma omp simd reduction(+:xdu)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                }
+                batch_g += xdu;
+            }
+            dWg[c*dff + e] = batch_g;
+        }
+    }
+    /* mlp.dWu.pack_dV: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = mlp_dV[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWu.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            float batch_u = 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+                float xdv = 0.0f;
+                #pragma omp simd reduction(+:xdv)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                }
+                batch_u += xdv;
+            }
+            dWu[c*dff + e] = batch_u;
+        }
+    }
+    /* mlp.H: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+            }
+        }
+    }
+    /* mlp.dWd.pack_dF: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    mlp_dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dy[8*c_tile + dm*(b*n + i) + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f32_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* mlp.dWd.edge: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+            float batch_d = 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+                float hdf = 0.0f;
+                #pragma omp simd reduction(+:hdf)
+                for (int64_t i = 0; i < n; ++i) {
+                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                }
+                batch_d += hdf;
+            }
+            dWd[c + dm*e] = batch_d;
+        }
+    }
+    /* norm2.dx: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dx[b, i, c] = (<b i> psi inv_rms)
+     *               * ((<b i c> psi dz) * (<c> psi weight)
+     *               - (<b i c> psi x) * (<b i> psi inv_rms)
+     *               * sum[c2 < d](
+     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+     *               )
+     *               / d)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int64_t c = 0; c < dm; ++c) {
+                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+            const float t = dot / (float)dm;
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
+            }
+        }
+    }
+    /* norm2.dweight.partial: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dweight[c] = sum[b2 < batch](
+     *                  sum[i2 < n](
+     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+     *                  )
+     *              )
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t p = 0; p < 16; ++p) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            norm2_dweight_part[c + dm*p] = 0.0f;
+        }
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dm; ++c) {
+                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                }
+            }
+        }
+    }
+    /* norm2.dweight: from the DNF
+     * stage norm2: rmsnorm_bwd dnf
+     * dweight[c] = sum[b2 < batch](
+     *                  sum[i2 < n](
+     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+     *                  )
+     *              )
+     */
+    for (int64_t c = 0; c < dm; ++c) {
+        float dweight_sum = 0.0f;
+        #pragma omp simd reduction(+:dweight_sum)
+        for (int64_t p = 0; p < 16; ++p) {
+            dweight_sum += norm2_dweight_part[c + dm*p];
+        }
+        dnorm2[c] = dweight_sum;
+    }
+    /* add2.y: from the DNF
+     * stage add2: residual_add dnf
+     * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < dm; ++m) {
+                dresid[dm*(b*n + i) + m] = dy[dm*(b*n + i) + m] + dresid_norm[dm*(b*n + i) + m];
+            }
+        }
+    }
+    /* out.WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * WoT[h, m, c] = (<h c m> psi Wo)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dh; ++c) {
+                out_WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+            }
+        }
+    }
+    /* out.dO.pack_WoT: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = out_WoT[8*c_tile + dh*(dm*h + m) + lane];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f32_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    /* out.dO.edge: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float yw = 0.0f;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dresid[dm*(b*n + i) + m] * out_WoT[c + dh*(dm*h + m)];
+                    }
+                    dattn[c + dh*(i + n*(b*heads + h))] = yw;
+                }
+            }
+        }
+    }
+    /* out.dWo.pack_dY: from the DNF
+     * stage out: out_proj_bwd tiled
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dresid[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    block_bwd_composed_f32_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dWo.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -4936,167 +7608,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dX: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t h = 0; h < heads; ++h) {
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * qkv_WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dxn1[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dxn1[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f32_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dX.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -5137,165 +7649,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWq: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f32_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWq.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -5334,165 +7688,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWk: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f32_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWk.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -5531,165 +7727,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* qkv.dWv: from the DNF
-     * stage qkv: qkv_proj_bwd tiled
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += xn1[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += xn1[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * qkv_dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    block_bwd_composed_f32_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWv.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void block_fwd_composed_f64(
+static void block_fwd_composed_f64_qkv_Q(
     const double *restrict x,
     const double *restrict norm1,
     const double *restrict Wq,
@@ -49,41 +49,6 @@ void block_fwd_composed_f64(
     double scale
 )
 {
-    /* norm1.rows: from the DNF
-     * stage norm1: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double sum_sq = 0.0;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
-            }
-            inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-            }
-        }
-    }
-    /* qkv.Q.pack_Wq: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
     /* qkv.Q: from the DNF
      * stage qkv: qkv_proj tiled
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -243,40 +208,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* qkv.Q.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
-                    }
-                    Q[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.K.pack_Wk: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_qkv_K(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* qkv.K: from the DNF
      * stage qkv: qkv_proj tiled
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -436,40 +412,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* qkv.K.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
-                    }
-                    K[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.V.pack_Wv: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_qkv_V(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* qkv.V: from the DNF
      * stage qkv: qkv_proj tiled
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -629,115 +616,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* qkv.V.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
-                    }
-                    V[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* attn.rows: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t c = 0; c < dh; ++c) {
-                    attn[c + dh*(i + n*(b*heads + h))] = 0.0;
-                }
-                double row_max = -INFINITY;
-                double row_sum = 0.0;
-                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        double qk = 0.0;
-                        #pragma omp simd reduction(+:qk)
-                        for (int64_t c = 0; c < dh; ++c) {
-                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                        }
-                        const double score = scale * qk;
-                        const double new_max = fmax(row_max, score);
-                        const double rescale = exp(row_max - new_max);
-                        const double p = exp(score - new_max);
-                        row_sum = row_sum * rescale + p;
-                        #pragma omp simd
-                        for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
-                        }
-                        row_max = new_max;
-                    }
-                }
-                #pragma omp simd
-                for (int64_t c = 0; c < dh; ++c) {
-                    attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
-                }
-                lse[i + n*(b*heads + h)] = row_max + log(row_sum);
-            }
-        }
-    }
-    /* out.Y.pack_Wo: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_out_Y(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* out.Y: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -898,61 +821,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* out.Y.edge: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    double ow = 0.0;
-                    #pragma omp simd reduction(+:ow)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += ow;
-                }
-                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
-            }
-        }
-    }
-    /* norm2.rows: from the DNF
-     * stage norm2: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double sum_sq = 0.0;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
-            }
-            inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-        }
-    }
-    /* mlp.U.pack_Wg: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_mlp_U(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* mlp.U: from the DNF
      * stage mlp: mlp_fwd tiled
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -1112,36 +1025,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* mlp.U.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xg = 0.0;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* mlp.H.pack_Wu: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_mlp_H(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* mlp.H: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -1301,36 +1229,51 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* mlp.H.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xu = 0.0;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
-            }
-        }
-    }
-    /* mlp.F.pack_Wd: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f64_mlp_F(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
     /* mlp.F: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
@@ -1490,6 +1433,500 @@ void block_fwd_composed_f64(
             }
         }
     }
+}
+
+void block_fwd_composed_f64(
+    const double *restrict x,
+    const double *restrict norm1,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict Wo,
+    const double *restrict norm2,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict y,
+    double *restrict inv_rms1,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict attn,
+    double *restrict lse,
+    double *restrict resid,
+    double *restrict inv_rms2,
+    double *restrict U,
+    double *restrict xn1,
+    double *restrict xn2,
+    double *restrict mlp_out,
+    double *restrict qkv_Wq_panel,
+    double *restrict qkv_Wk_panel,
+    double *restrict qkv_Wv_panel,
+    double *restrict out_Wo_panel,
+    double *restrict mlp_H,
+    double *restrict mlp_Wg_panel,
+    double *restrict mlp_Wu_panel,
+    double *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    /* norm1.rows: from the DNF
+     * stage norm1: rmsnorm_fwd dnf
+     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
+            }
+            inv_rms1[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+            }
+        }
+    }
+    /* qkv.Q.pack_Wq: from the DNF
+     * stage qkv: qkv_proj tiled
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f64_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.Q.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
+                    }
+                    Q[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.K.pack_Wk: from the DNF
+     * stage qkv: qkv_proj tiled
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f64_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.K.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
+                    }
+                    K[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.V.pack_Wv: from the DNF
+     * stage qkv: qkv_proj tiled
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f64_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.V.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
+                    }
+                    V[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* attn.rows: from the DNF
+     * stage attn: attention_fwd online
+     * O[b, h, i, c] = sum[j < n](
+     *                     exp(
+     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+     *                         - max[j2 < n](
+     *                             scale
+     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+     *                         )
+     *                     )
+     *                     / sum[j3 < n](
+     *                         exp(
+     *                             scale
+     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+     *                             - max[j4 < n](
+     *                                 scale
+     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+     *                             )
+     *                         )
+     *                     )
+     *                     * (<b h j c> psi V)
+     *                 )
+     * lse[b, h, i] = max[j5 < n](
+     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+     *                )
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+     *                            - max[j7 < n](
+     *                                scale
+     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+     *                            )
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0;
+                }
+                double row_max_0 = -INFINITY;
+                double row_max_1 = -INFINITY;
+                double row_max_2 = -INFINITY;
+                double row_max_3 = -INFINITY;
+                double row_sum_0 = 0.0;
+                double row_sum_1 = 0.0;
+                double row_sum_2 = 0.0;
+                double row_sum_3 = 0.0;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        double qk_0 = 0.0;
+                        double qk_1 = 0.0;
+                        double qk_2 = 0.0;
+                        double qk_3 = 0.0;
+                        #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+                        }
+                        const double score_0 = scale * qk_0;
+                        const double score_1 = scale * qk_1;
+                        const double score_2 = scale * qk_2;
+                        const double score_3 = scale * qk_3;
+                        const double new_max_0 = fmax(row_max_0, score_0);
+                        const double new_max_1 = fmax(row_max_1, score_1);
+                        const double new_max_2 = fmax(row_max_2, score_2);
+                        const double new_max_3 = fmax(row_max_3, score_3);
+                        const double rescale_0 = exp(row_max_0 - new_max_0);
+                        const double rescale_1 = exp(row_max_1 - new_max_1);
+                        const double rescale_2 = exp(row_max_2 - new_max_2);
+                        const double rescale_3 = exp(row_max_3 - new_max_3);
+                        const double p_0 = exp(score_0 - new_max_0);
+                        const double p_1 = exp(score_1 - new_max_1);
+                        const double p_2 = exp(score_2 - new_max_2);
+                        const double p_3 = exp(score_3 - new_max_3);
+                        row_sum_0 = row_sum_0 * rescale_0 + p_0;
+                        row_sum_1 = row_sum_1 * rescale_1 + p_1;
+                        row_sum_2 = row_sum_2 * rescale_2 + p_2;
+                        row_sum_3 = row_sum_3 * rescale_3 + p_3;
+                        #pragma omp simd
+                        for (int64_t c = 0; c < dh; ++c) {
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+                        }
+                        row_max_0 = new_max_0;
+                        row_max_1 = new_max_1;
+                        row_max_2 = new_max_2;
+                        row_max_3 = new_max_3;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] / row_sum_2;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] / row_sum_3;
+                }
+                lse[4*i_tile + n*(b*heads + h)] = row_max_0 + log(row_sum_0);
+                lse[4*i_tile + n*(b*heads + h) + 1] = row_max_1 + log(row_sum_1);
+                lse[4*i_tile + n*(b*heads + h) + 2] = row_max_2 + log(row_sum_2);
+                lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + log(row_sum_3);
+            }
+        }
+    }
+    /* attn.rows.edge: from the DNF
+     * stage attn: attention_fwd online
+     * O[b, h, i, c] = sum[j < n](
+     *                     exp(
+     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+     *                         - max[j2 < n](
+     *                             scale
+     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+     *                         )
+     *                     )
+     *                     / sum[j3 < n](
+     *                         exp(
+     *                             scale
+     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+     *                             - max[j4 < n](
+     *                                 scale
+     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+     *                             )
+     *                         )
+     *                     )
+     *                     * (<b h j c> psi V)
+     *                 )
+     * lse[b, h, i] = max[j5 < n](
+     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+     *                )
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+     *                            - max[j7 < n](
+     *                                scale
+     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+     *                            )
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 4*((n) / 4); i < n; ++i) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(i + n*(b*heads + h))] = 0.0;
+                }
+                double row_max = -INFINITY;
+                double row_sum = 0.0;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        double qk = 0.0;
+                        #pragma omp simd reduction(+:qk)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                        }
+                        const double score = scale * qk;
+                        const double new_max = fmax(row_max, score);
+                        const double rescale = exp(row_max - new_max);
+                        const double p = exp(score - new_max);
+                        row_sum = row_sum * rescale + p;
+                        #pragma omp simd
+                        for (int64_t c = 0; c < dh; ++c) {
+                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
+                        }
+                        row_max = new_max;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
+                }
+                lse[i + n*(b*heads + h)] = row_max + log(row_sum);
+            }
+        }
+    }
+    /* out.Y.pack_Wo: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* out.Y.edge: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double heads_sum = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    double ow = 0.0;
+                    #pragma omp simd reduction(+:ow)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += ow;
+                }
+                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
+            }
+        }
+    }
+    /* norm2.rows: from the DNF
+     * stage norm2: rmsnorm_fwd dnf
+     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            double sum_sq = 0.0;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
+            }
+            inv_rms2[b*n + i] = 1.0 / sqrt(sum_sq / (double)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+        }
+    }
+    /* mlp.U.pack_Wg: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_fwd_composed_f64_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.U.edge: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* mlp.H.pack_Wu: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.H.edge: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+            }
+        }
+    }
+    /* mlp.F.pack_Wd: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    block_fwd_composed_f64_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.F.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
@@ -1523,7 +1960,7 @@ void block_fwd_composed_f64(
 }
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void block_fwd_composed_f32(
+static void block_fwd_composed_f32_qkv_Q(
     const float *restrict x,
     const float *restrict norm1,
     const float *restrict Wq,
@@ -1565,41 +2002,6 @@ void block_fwd_composed_f32(
     float scale
 )
 {
-    /* norm1.rows: from the DNF
-     * stage norm1: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            float sum_sq = 0.0f;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
-            }
-            inv_rms1[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-            }
-        }
-    }
-    /* qkv.Q.pack_Wq: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
     /* qkv.Q: from the DNF
      * stage qkv: qkv_proj tiled
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -1759,40 +2161,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* qkv.Q.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float xw = 0.0f;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
-                    }
-                    Q[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.K.pack_Wk: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_qkv_K(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* qkv.K: from the DNF
      * stage qkv: qkv_proj tiled
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -1952,40 +2365,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* qkv.K.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float xw = 0.0f;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
-                    }
-                    K[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* qkv.V.pack_Wv: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_qkv_V(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* qkv.V: from the DNF
      * stage qkv: qkv_proj tiled
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -2145,115 +2569,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* qkv.V.edge: from the DNF
-     * stage qkv: qkv_proj tiled
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float xw = 0.0f;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
-                    }
-                    V[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* attn.rows: from the DNF
-     * stage attn: attention_fwd online
-     * O[b, h, i, c] = sum[j < n](
-     *                     exp(
-     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
-     *                         - max[j2 < n](
-     *                             scale
-     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
-     *                         )
-     *                     )
-     *                     / sum[j3 < n](
-     *                         exp(
-     *                             scale
-     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
-     *                             - max[j4 < n](
-     *                                 scale
-     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
-     *                             )
-     *                         )
-     *                     )
-     *                     * (<b h j c> psi V)
-     *                 )
-     * lse[b, h, i] = max[j5 < n](
-     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
-     *                )
-     *                + log(
-     *                    sum[j6 < n](
-     *                        exp(
-     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
-     *                            - max[j7 < n](
-     *                                scale
-     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
-     *                            )
-     *                        )
-     *                    )
-     *                )
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t c = 0; c < dh; ++c) {
-                    attn[c + dh*(i + n*(b*heads + h))] = 0.0f;
-                }
-                float row_max = -INFINITY;
-                float row_sum = 0.0f;
-                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        float qk = 0.0f;
-                        #pragma omp simd reduction(+:qk)
-                        for (int64_t c = 0; c < dh; ++c) {
-                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
-                        }
-                        const float score = scale * qk;
-                        const float new_max = fmaxf(row_max, score);
-                        const float rescale = expf(row_max - new_max);
-                        const float p = expf(score - new_max);
-                        row_sum = row_sum * rescale + p;
-                        #pragma omp simd
-                        for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
-                        }
-                        row_max = new_max;
-                    }
-                }
-                #pragma omp simd
-                for (int64_t c = 0; c < dh; ++c) {
-                    attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
-                }
-                lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
-            }
-        }
-    }
-    /* out.Y.pack_Wo: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_out_Y(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* out.Y: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -2414,61 +2774,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* out.Y.edge: from the DNF
-     * stage out: out_proj tiled
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                float heads_sum = 0.0f;
-                for (int64_t h = 0; h < heads; ++h) {
-                    float ow = 0.0f;
-                    #pragma omp simd reduction(+:ow)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += ow;
-                }
-                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
-            }
-        }
-    }
-    /* norm2.rows: from the DNF
-     * stage norm2: rmsnorm_fwd dnf
-     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
-     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            float sum_sq = 0.0f;
-            #pragma omp simd reduction(+:sum_sq)
-            for (int64_t c = 0; c < dm; ++c) {
-                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
-            }
-            inv_rms2[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-        }
-    }
-    /* mlp.U.pack_Wg: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_mlp_U(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* mlp.U: from the DNF
      * stage mlp: mlp_fwd tiled
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -2628,36 +2978,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* mlp.U.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xg = 0.0f;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* mlp.H.pack_Wu: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_mlp_H(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* mlp.H: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -2817,36 +3182,51 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* mlp.H.edge: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xu = 0.0f;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
-            }
-        }
-    }
-    /* mlp.F.pack_Wd: from the DNF
-     * stage mlp: mlp_fwd tiled
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void block_fwd_composed_f32_mlp_F(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
     /* mlp.F: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
@@ -3006,6 +3386,500 @@ void block_fwd_composed_f32(
             }
         }
     }
+}
+
+void block_fwd_composed_f32(
+    const float *restrict x,
+    const float *restrict norm1,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict Wo,
+    const float *restrict norm2,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict y,
+    float *restrict inv_rms1,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict attn,
+    float *restrict lse,
+    float *restrict resid,
+    float *restrict inv_rms2,
+    float *restrict U,
+    float *restrict xn1,
+    float *restrict xn2,
+    float *restrict mlp_out,
+    float *restrict qkv_Wq_panel,
+    float *restrict qkv_Wk_panel,
+    float *restrict qkv_Wv_panel,
+    float *restrict out_Wo_panel,
+    float *restrict mlp_H,
+    float *restrict mlp_Wg_panel,
+    float *restrict mlp_Wu_panel,
+    float *restrict mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    /* norm1.rows: from the DNF
+     * stage norm1: rmsnorm_fwd dnf
+     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += x[c + dm*(b*n + i)] * x[c + dm*(b*n + i)];
+            }
+            inv_rms1[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn1[c + dm*(b*n + i)] = norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+            }
+        }
+    }
+    /* qkv.Q.pack_Wq: from the DNF
+     * stage qkv: qkv_proj tiled
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wq[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f32_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.Q.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
+                    }
+                    Q[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.K.pack_Wk: from the DNF
+     * stage qkv: qkv_proj tiled
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f32_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.K.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
+                    }
+                    K[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* qkv.V.pack_Wv: from the DNF
+     * stage qkv: qkv_proj tiled
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    qkv_Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f32_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* qkv.V.edge: from the DNF
+     * stage qkv: qkv_proj tiled
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float xw = 0.0f;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += xn1[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
+                    }
+                    V[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* attn.rows: from the DNF
+     * stage attn: attention_fwd online
+     * O[b, h, i, c] = sum[j < n](
+     *                     exp(
+     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+     *                         - max[j2 < n](
+     *                             scale
+     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+     *                         )
+     *                     )
+     *                     / sum[j3 < n](
+     *                         exp(
+     *                             scale
+     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+     *                             - max[j4 < n](
+     *                                 scale
+     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+     *                             )
+     *                         )
+     *                     )
+     *                     * (<b h j c> psi V)
+     *                 )
+     * lse[b, h, i] = max[j5 < n](
+     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+     *                )
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+     *                            - max[j7 < n](
+     *                                scale
+     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+     *                            )
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0f;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0f;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0f;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0f;
+                }
+                float row_max_0 = -INFINITY;
+                float row_max_1 = -INFINITY;
+                float row_max_2 = -INFINITY;
+                float row_max_3 = -INFINITY;
+                float row_sum_0 = 0.0f;
+                float row_sum_1 = 0.0f;
+                float row_sum_2 = 0.0f;
+                float row_sum_3 = 0.0f;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        float qk_0 = 0.0f;
+                        float qk_1 = 0.0f;
+                        float qk_2 = 0.0f;
+                        float qk_3 = 0.0f;
+                        #pragma omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
+                            qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+                        }
+                        const float score_0 = scale * qk_0;
+                        const float score_1 = scale * qk_1;
+                        const float score_2 = scale * qk_2;
+                        const float score_3 = scale * qk_3;
+                        const float new_max_0 = fmaxf(row_max_0, score_0);
+                        const float new_max_1 = fmaxf(row_max_1, score_1);
+                        const float new_max_2 = fmaxf(row_max_2, score_2);
+                        const float new_max_3 = fmaxf(row_max_3, score_3);
+                        const float rescale_0 = expf(row_max_0 - new_max_0);
+                        const float rescale_1 = expf(row_max_1 - new_max_1);
+                        const float rescale_2 = expf(row_max_2 - new_max_2);
+                        const float rescale_3 = expf(row_max_3 - new_max_3);
+                        const float p_0 = expf(score_0 - new_max_0);
+                        const float p_1 = expf(score_1 - new_max_1);
+                        const float p_2 = expf(score_2 - new_max_2);
+                        const float p_3 = expf(score_3 - new_max_3);
+                        row_sum_0 = row_sum_0 * rescale_0 + p_0;
+                        row_sum_1 = row_sum_1 * rescale_1 + p_1;
+                        row_sum_2 = row_sum_2 * rescale_2 + p_2;
+                        row_sum_3 = row_sum_3 * rescale_3 + p_3;
+                        #pragma omp simd
+                        for (int64_t c = 0; c < dh; ++c) {
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+                        }
+                        row_max_0 = new_max_0;
+                        row_max_1 = new_max_1;
+                        row_max_2 = new_max_2;
+                        row_max_3 = new_max_3;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] / row_sum_2;
+                    attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] / row_sum_3;
+                }
+                lse[4*i_tile + n*(b*heads + h)] = row_max_0 + logf(row_sum_0);
+                lse[4*i_tile + n*(b*heads + h) + 1] = row_max_1 + logf(row_sum_1);
+                lse[4*i_tile + n*(b*heads + h) + 2] = row_max_2 + logf(row_sum_2);
+                lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + logf(row_sum_3);
+            }
+        }
+    }
+    /* attn.rows.edge: from the DNF
+     * stage attn: attention_fwd online
+     * O[b, h, i, c] = sum[j < n](
+     *                     exp(
+     *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+     *                         - max[j2 < n](
+     *                             scale
+     *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+     *                         )
+     *                     )
+     *                     / sum[j3 < n](
+     *                         exp(
+     *                             scale
+     *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+     *                             - max[j4 < n](
+     *                                 scale
+     *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+     *                             )
+     *                         )
+     *                     )
+     *                     * (<b h j c> psi V)
+     *                 )
+     * lse[b, h, i] = max[j5 < n](
+     *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+     *                )
+     *                + log(
+     *                    sum[j6 < n](
+     *                        exp(
+     *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+     *                            - max[j7 < n](
+     *                                scale
+     *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+     *                            )
+     *                        )
+     *                    )
+     *                )
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 4*((n) / 4); i < n; ++i) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(i + n*(b*heads + h))] = 0.0f;
+                }
+                float row_max = -INFINITY;
+                float row_sum = 0.0f;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        float qk = 0.0f;
+                        #pragma omp simd reduction(+:qk)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                        }
+                        const float score = scale * qk;
+                        const float new_max = fmaxf(row_max, score);
+                        const float rescale = expf(row_max - new_max);
+                        const float p = expf(score - new_max);
+                        row_sum = row_sum * rescale + p;
+                        #pragma omp simd
+                        for (int64_t c = 0; c < dh; ++c) {
+                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
+                        }
+                        row_max = new_max;
+                    }
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
+                }
+                lse[i + n*(b*heads + h)] = row_max + logf(row_sum);
+            }
+        }
+    }
+    /* out.Y.pack_Wo: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* out.Y.edge: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                float heads_sum = 0.0f;
+                for (int64_t h = 0; h < heads; ++h) {
+                    float ow = 0.0f;
+                    #pragma omp simd reduction(+:ow)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        ow += attn[c + dh*(i + n*(b*heads + h))] * Wo[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += ow;
+                }
+                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + heads_sum;
+            }
+        }
+    }
+    /* norm2.rows: from the DNF
+     * stage norm2: rmsnorm_fwd dnf
+     * inv_rms[b, i] = rsqrt(sum[c2 < d]((<b i c2> psi x) * (<b i c2> psi x)) / d + eps)
+     * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            float sum_sq = 0.0f;
+            #pragma omp simd reduction(+:sum_sq)
+            for (int64_t c = 0; c < dm; ++c) {
+                sum_sq += resid[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)];
+            }
+            inv_rms2[b*n + i] = 1.0f / sqrtf(sum_sq / (float)dm + eps);
+            #pragma omp simd
+            for (int64_t c = 0; c < dm; ++c) {
+                xn2[c + dm*(b*n + i)] = norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+        }
+    }
+    /* mlp.U.pack_Wg: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_fwd_composed_f32_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.U.edge: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xg = 0.0f;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += xn2[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* mlp.H.pack_Wu: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.H.edge: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += xn2[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+            }
+        }
+    }
+    /* mlp.F.pack_Wd: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                mlp_Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    block_fwd_composed_f32_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.F.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))

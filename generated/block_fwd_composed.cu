@@ -1105,10 +1105,164 @@ __global__ void block_fwd_composed_f64_attn_rows(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*n) return;
-    const int64_t i = tid % n;
-    const int64_t h = (tid / n) % heads;
-    const int64_t b = (tid / (heads*n));
+    if (tid >= batch*heads*((n) / 4)) return;
+    const int64_t i_tile = tid % (((n) / 4));
+    const int64_t h = (tid / (((n) / 4))) % heads;
+    const int64_t b = (tid / (heads*((n) / 4)));
+    for (int64_t c = 0; c < dh; ++c) {
+        attn[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0;
+    }
+    double row_max_0 = -INFINITY;
+    double row_max_1 = -INFINITY;
+    double row_max_2 = -INFINITY;
+    double row_max_3 = -INFINITY;
+    double row_sum_0 = 0.0;
+    double row_sum_1 = 0.0;
+    double row_sum_2 = 0.0;
+    double row_sum_3 = 0.0;
+    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            double qk_0 = 0.0;
+            double qk_1 = 0.0;
+            double qk_2 = 0.0;
+            double qk_3 = 0.0;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+            }
+            const double score_0 = scale * qk_0;
+            const double score_1 = scale * qk_1;
+            const double score_2 = scale * qk_2;
+            const double score_3 = scale * qk_3;
+            const double new_max_0 = fmax(row_max_0, score_0);
+            const double new_max_1 = fmax(row_max_1, score_1);
+            const double new_max_2 = fmax(row_max_2, score_2);
+            const double new_max_3 = fmax(row_max_3, score_3);
+            const double rescale_0 = exp(row_max_0 - new_max_0);
+            const double rescale_1 = exp(row_max_1 - new_max_1);
+            const double rescale_2 = exp(row_max_2 - new_max_2);
+            const double rescale_3 = exp(row_max_3 - new_max_3);
+            const double p_0 = exp(score_0 - new_max_0);
+            const double p_1 = exp(score_1 - new_max_1);
+            const double p_2 = exp(score_2 - new_max_2);
+            const double p_3 = exp(score_3 - new_max_3);
+            row_sum_0 = row_sum_0 * rescale_0 + p_0;
+            row_sum_1 = row_sum_1 * rescale_1 + p_1;
+            row_sum_2 = row_sum_2 * rescale_2 + p_2;
+            row_sum_3 = row_sum_3 * rescale_3 + p_3;
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+            }
+            row_max_0 = new_max_0;
+            row_max_1 = new_max_1;
+            row_max_2 = new_max_2;
+            row_max_3 = new_max_3;
+        }
+    }
+    for (int64_t c = 0; c < dh; ++c) {
+        attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] / row_sum_2;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] / row_sum_3;
+    }
+    lse[4*i_tile + n*(b*heads + h)] = row_max_0 + log(row_sum_0);
+    lse[4*i_tile + n*(b*heads + h) + 1] = row_max_1 + log(row_sum_1);
+    lse[4*i_tile + n*(b*heads + h) + 2] = row_max_2 + log(row_sum_2);
+    lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + log(row_sum_3);
+}
+
+/* attn.rows.edge: from the DNF
+ * stage attn: attention_fwd online
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ */
+__global__ void block_fwd_composed_f64_attn_rows_edge(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
+    const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
+    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
+    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(i + n*(b*heads + h))] = 0.0;
     }
@@ -2646,8 +2800,15 @@ extern "C" int block_fwd_composed_f64(
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*((n) / 4);
         block_fwd_composed_f64_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        block_fwd_composed_f64_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
@@ -3851,10 +4012,164 @@ __global__ void block_fwd_composed_f32_attn_rows(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*heads*n) return;
-    const int64_t i = tid % n;
-    const int64_t h = (tid / n) % heads;
-    const int64_t b = (tid / (heads*n));
+    if (tid >= batch*heads*((n) / 4)) return;
+    const int64_t i_tile = tid % (((n) / 4));
+    const int64_t h = (tid / (((n) / 4))) % heads;
+    const int64_t b = (tid / (heads*((n) / 4)));
+    for (int64_t c = 0; c < dh; ++c) {
+        attn[c + dh*(4*i_tile + n*(b*heads + h))] = 0.0f;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = 0.0f;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = 0.0f;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = 0.0f;
+    }
+    float row_max_0 = -INFINITY;
+    float row_max_1 = -INFINITY;
+    float row_max_2 = -INFINITY;
+    float row_max_3 = -INFINITY;
+    float row_sum_0 = 0.0f;
+    float row_sum_1 = 0.0f;
+    float row_sum_2 = 0.0f;
+    float row_sum_3 = 0.0f;
+    for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            float qk_0 = 0.0f;
+            float qk_1 = 0.0f;
+            float qk_2 = 0.0f;
+            float qk_3 = 0.0f;
+            for (int64_t c = 0; c < dh; ++c) {
+                qk_0 += Q[c + dh*(4*i_tile + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
+                qk_1 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
+                qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
+            }
+            const float score_0 = scale * qk_0;
+            const float score_1 = scale * qk_1;
+            const float score_2 = scale * qk_2;
+            const float score_3 = scale * qk_3;
+            const float new_max_0 = fmaxf(row_max_0, score_0);
+            const float new_max_1 = fmaxf(row_max_1, score_1);
+            const float new_max_2 = fmaxf(row_max_2, score_2);
+            const float new_max_3 = fmaxf(row_max_3, score_3);
+            const float rescale_0 = expf(row_max_0 - new_max_0);
+            const float rescale_1 = expf(row_max_1 - new_max_1);
+            const float rescale_2 = expf(row_max_2 - new_max_2);
+            const float rescale_3 = expf(row_max_3 - new_max_3);
+            const float p_0 = expf(score_0 - new_max_0);
+            const float p_1 = expf(score_1 - new_max_1);
+            const float p_2 = expf(score_2 - new_max_2);
+            const float p_3 = expf(score_3 - new_max_3);
+            row_sum_0 = row_sum_0 * rescale_0 + p_0;
+            row_sum_1 = row_sum_1 * rescale_1 + p_1;
+            row_sum_2 = row_sum_2 * rescale_2 + p_2;
+            row_sum_3 = row_sum_3 * rescale_3 + p_3;
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+            }
+            row_max_0 = new_max_0;
+            row_max_1 = new_max_1;
+            row_max_2 = new_max_2;
+            row_max_3 = new_max_3;
+        }
+    }
+    for (int64_t c = 0; c < dh; ++c) {
+        attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] / row_sum_1;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] / row_sum_2;
+        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] / row_sum_3;
+    }
+    lse[4*i_tile + n*(b*heads + h)] = row_max_0 + logf(row_sum_0);
+    lse[4*i_tile + n*(b*heads + h) + 1] = row_max_1 + logf(row_sum_1);
+    lse[4*i_tile + n*(b*heads + h) + 2] = row_max_2 + logf(row_sum_2);
+    lse[4*i_tile + n*(b*heads + h) + 3] = row_max_3 + logf(row_sum_3);
+}
+
+/* attn.rows.edge: from the DNF
+ * stage attn: attention_fwd online
+ * O[b, h, i, c] = sum[j < n](
+ *                     exp(
+ *                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+ *                         - max[j2 < n](
+ *                             scale
+ *                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+ *                         )
+ *                     )
+ *                     / sum[j3 < n](
+ *                         exp(
+ *                             scale
+ *                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+ *                             - max[j4 < n](
+ *                                 scale
+ *                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+ *                             )
+ *                         )
+ *                     )
+ *                     * (<b h j c> psi V)
+ *                 )
+ * lse[b, h, i] = max[j5 < n](
+ *                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+ *                )
+ *                + log(
+ *                    sum[j6 < n](
+ *                        exp(
+ *                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+ *                            - max[j7 < n](
+ *                                scale
+ *                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+ *                            )
+ *                        )
+ *                    )
+ *                )
+ */
+__global__ void block_fwd_composed_f32_attn_rows_edge(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*heads*(n - 4*((n) / 4))) return;
+    const int64_t i = 4*((n) / 4) + tid % (n - 4*((n) / 4));
+    const int64_t h = (tid / (n - 4*((n) / 4))) % heads;
+    const int64_t b = (tid / (heads*(n - 4*((n) / 4))));
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(i + n*(b*heads + h))] = 0.0f;
     }
@@ -5392,8 +5707,15 @@ extern "C" int block_fwd_composed_f32(
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*heads*n;
+        const int64_t count = batch*heads*((n) / 4);
         block_fwd_composed_f32_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*heads*(n - 4*((n) / 4));
+        block_fwd_composed_f32_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;

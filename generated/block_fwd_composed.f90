@@ -54,8 +54,12 @@ contains
                 & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
                     & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
                         & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
-                            & row_max, row_sum, qk, score, new_max, rescale, p, heads_sum, ow, &
-                                & xg, xu, hw
+                            & row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
+                                & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, &
+                                    & score_2, score_3, new_max_0, new_max_1, new_max_2, &
+                                        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+                                            & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
+                                                & new_max, rescale, p, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -860,11 +864,142 @@ contains
     !                        )
     !                    )
     !                )
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
+    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
+    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
+    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n) / 4) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(4*i_tile + n*(b*heads + h))) = 0.0_c_double
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = 0.0_c_double
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = 0.0_c_double
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = 0.0_c_double
+          end do
+          row_max_0 = neg_inf
+          row_max_1 = neg_inf
+          row_max_2 = neg_inf
+          row_max_3 = neg_inf
+          row_sum_0 = 0.0_c_double
+          row_sum_1 = 0.0_c_double
+          row_sum_2 = 0.0_c_double
+          row_sum_3 = 0.0_c_double
+          do j_blk = 0, ((n + 63) / 64) - 1
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              qk_0 = 0.0_c_double
+              qk_1 = 0.0_c_double
+              qk_2 = 0.0_c_double
+              qk_3 = 0.0_c_double
+              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
+              do c = 0, dh - 1
+                qk_0 = qk_0 + Q(c + dh*(4*i_tile + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + &
+                    & h)))
+                qk_1 = qk_1 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 1)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+                qk_2 = qk_2 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 2)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+                qk_3 = qk_3 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+              end do
+              score_0 = scale * qk_0
+              score_1 = scale * qk_1
+              score_2 = scale * qk_2
+              score_3 = scale * qk_3
+              new_max_0 = max(row_max_0, score_0)
+              new_max_1 = max(row_max_1, score_1)
+              new_max_2 = max(row_max_2, score_2)
+              new_max_3 = max(row_max_3, score_3)
+              rescale_0 = exp(row_max_0 - new_max_0)
+              rescale_1 = exp(row_max_1 - new_max_1)
+              rescale_2 = exp(row_max_2 - new_max_2)
+              rescale_3 = exp(row_max_3 - new_max_3)
+              p_0 = exp(score_0 - new_max_0)
+              p_1 = exp(score_1 - new_max_1)
+              p_2 = exp(score_2 - new_max_2)
+              p_3 = exp(score_3 - new_max_3)
+              row_sum_0 = row_sum_0 * rescale_0 + p_0
+              row_sum_1 = row_sum_1 * rescale_1 + p_1
+              row_sum_2 = row_sum_2 * rescale_2 + p_2
+              row_sum_3 = row_sum_3 * rescale_3 + p_3
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                    & h))) * rescale_0 + p_0 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 1)) * rescale_1 + p_1 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 2)) * rescale_2 + p_2 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 3)) * rescale_3 + p_3 * V(c + dh*(j + n*(b*heads + h)))
+              end do
+              row_max_0 = new_max_0
+              row_max_1 = new_max_1
+              row_max_2 = new_max_2
+              row_max_3 = new_max_3
+            end do
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + h))) &
+                & / row_sum_0
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 1)) / row_sum_1
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 2)) / row_sum_2
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 3)) / row_sum_3
+          end do
+          lse(4*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
+          lse(4*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
+          lse(4*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
+          lse(4*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge: from the DNF
+    ! stage attn: attention_fwd online
+    ! O[b, h, i, c] = sum[j < n](
+    !                     exp(
+    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+    !                         - max[j2 < n](
+    !                             scale
+    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+    !                         )
+    !                     )
+    !                     / sum[j3 < n](
+    !                         exp(
+    !                             scale
+    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+    !                             - max[j4 < n](
+    !                                 scale
+    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+    !                             )
+    !                         )
+    !                     )
+    !                     * (<b h j c> psi V)
+    !                 )
+    ! lse[b, h, i] = max[j5 < n](
+    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+    !                )
+    !                + log(
+    !                    sum[j6 < n](
+    !                        exp(
+    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+    !                            - max[j7 < n](
+    !                                scale
+    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+    !                            )
+    !                        )
+    !                    )
+    !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
     !$omp& score, new_max, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 0, n - 1
+        do i = 4*((n) / 4), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
@@ -2107,8 +2242,12 @@ contains
                 & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
                     & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
                         & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
-                            & row_max, row_sum, qk, score, new_max, rescale, p, heads_sum, ow, &
-                                & xg, xu, hw
+                            & row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
+                                & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, &
+                                    & score_2, score_3, new_max_0, new_max_1, new_max_2, &
+                                        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+                                            & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
+                                                & new_max, rescale, p, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -2913,11 +3052,142 @@ contains
     !                        )
     !                    )
     !                )
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
+    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
+    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
+    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n) / 4) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(4*i_tile + n*(b*heads + h))) = 0.0_c_float
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = 0.0_c_float
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = 0.0_c_float
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = 0.0_c_float
+          end do
+          row_max_0 = neg_inf
+          row_max_1 = neg_inf
+          row_max_2 = neg_inf
+          row_max_3 = neg_inf
+          row_sum_0 = 0.0_c_float
+          row_sum_1 = 0.0_c_float
+          row_sum_2 = 0.0_c_float
+          row_sum_3 = 0.0_c_float
+          do j_blk = 0, ((n + 63) / 64) - 1
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              qk_0 = 0.0_c_float
+              qk_1 = 0.0_c_float
+              qk_2 = 0.0_c_float
+              qk_3 = 0.0_c_float
+              !$omp simd reduction(+:qk_0, qk_1, qk_2, qk_3)
+              do c = 0, dh - 1
+                qk_0 = qk_0 + Q(c + dh*(4*i_tile + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + &
+                    & h)))
+                qk_1 = qk_1 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 1)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+                qk_2 = qk_2 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 2)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+                qk_3 = qk_3 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
+                    & n*(b*heads + h)))
+              end do
+              score_0 = scale * qk_0
+              score_1 = scale * qk_1
+              score_2 = scale * qk_2
+              score_3 = scale * qk_3
+              new_max_0 = max(row_max_0, score_0)
+              new_max_1 = max(row_max_1, score_1)
+              new_max_2 = max(row_max_2, score_2)
+              new_max_3 = max(row_max_3, score_3)
+              rescale_0 = exp(row_max_0 - new_max_0)
+              rescale_1 = exp(row_max_1 - new_max_1)
+              rescale_2 = exp(row_max_2 - new_max_2)
+              rescale_3 = exp(row_max_3 - new_max_3)
+              p_0 = exp(score_0 - new_max_0)
+              p_1 = exp(score_1 - new_max_1)
+              p_2 = exp(score_2 - new_max_2)
+              p_3 = exp(score_3 - new_max_3)
+              row_sum_0 = row_sum_0 * rescale_0 + p_0
+              row_sum_1 = row_sum_1 * rescale_1 + p_1
+              row_sum_2 = row_sum_2 * rescale_2 + p_2
+              row_sum_3 = row_sum_3 * rescale_3 + p_3
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                    & h))) * rescale_0 + p_0 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 1)) * rescale_1 + p_1 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 2)) * rescale_2 + p_2 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 3)) * rescale_3 + p_3 * V(c + dh*(j + n*(b*heads + h)))
+              end do
+              row_max_0 = new_max_0
+              row_max_1 = new_max_1
+              row_max_2 = new_max_2
+              row_max_3 = new_max_3
+            end do
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + h))) &
+                & / row_sum_0
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 1)) / row_sum_1
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 2)) / row_sum_2
+            attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                & h) + 3)) / row_sum_3
+          end do
+          lse(4*i_tile + n*(b*heads + h)) = row_max_0 + log(row_sum_0)
+          lse(4*i_tile + n*(b*heads + h) + 1) = row_max_1 + log(row_sum_1)
+          lse(4*i_tile + n*(b*heads + h) + 2) = row_max_2 + log(row_sum_2)
+          lse(4*i_tile + n*(b*heads + h) + 3) = row_max_3 + log(row_sum_3)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge: from the DNF
+    ! stage attn: attention_fwd online
+    ! O[b, h, i, c] = sum[j < n](
+    !                     exp(
+    !                         scale * sum[c2 < d]((<b h i c2> psi Q) * (<b h j c2> psi K))
+    !                         - max[j2 < n](
+    !                             scale
+    !                             * sum[c3 < d]((<b h i c3> psi Q) * (<b h j2 c3> psi K))
+    !                         )
+    !                     )
+    !                     / sum[j3 < n](
+    !                         exp(
+    !                             scale
+    !                             * sum[c4 < d]((<b h i c4> psi Q) * (<b h j3 c4> psi K))
+    !                             - max[j4 < n](
+    !                                 scale
+    !                                 * sum[c5 < d]((<b h i c5> psi Q) * (<b h j4 c5> psi K))
+    !                             )
+    !                         )
+    !                     )
+    !                     * (<b h j c> psi V)
+    !                 )
+    ! lse[b, h, i] = max[j5 < n](
+    !                    scale * sum[c6 < d]((<b h i c6> psi Q) * (<b h j5 c6> psi K))
+    !                )
+    !                + log(
+    !                    sum[j6 < n](
+    !                        exp(
+    !                            scale * sum[c7 < d]((<b h i c7> psi Q) * (<b h j6 c7> psi K))
+    !                            - max[j7 < n](
+    !                                scale
+    !                                * sum[c8 < d]((<b h i c8> psi Q) * (<b h j7 c8> psi K))
+    !                            )
+    !                        )
+    !                    )
+    !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
     !$omp& score, new_max, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 0, n - 1
+        do i = 4*((n) / 4), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_float

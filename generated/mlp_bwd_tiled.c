@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void mlp_bwd_tiled_f64(
+static void mlp_bwd_tiled_f64_dH(
     const double *restrict X,
     const double *restrict Wg,
     const double *restrict Wu,
@@ -39,28 +39,6 @@ void mlp_bwd_tiled_f64(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        #pragma omp simd
-        for (int64_t e = 0; e < dff; ++e) {
-            WdT[c*dff + e] = Wd[c + dm*e];
-        }
-    }
-    /* dH.pack_WdT: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* dH: from the DNF
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
      */
@@ -219,34 +197,41 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dH.edge: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double dfw = 0.0;
-                #pragma omp simd reduction(+:dfw)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
-                }
-                dH[dff*(b*n + i) + e] = dfw;
-            }
-        }
-    }
-    /* V.pack_Wu: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f64_V(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* V: from the DNF
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -405,6 +390,859 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f64_dX(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* dX: from the DNF
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
+            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t e = 0; e < dff; ++e) {
+                        acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                        acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
+                        acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
+                        acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
+                        acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
+                        acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
+                        acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
+                        acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
+                        acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
+                    }
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f64_dWg(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* dWg: from the DNF
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f64_dWu(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* dWu: from the DNF
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                }
+            }
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
+            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
+            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f64_dWd(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* dWd: from the DNF
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
+            double acc_0_0 = 0.0;
+            double acc_0_1 = 0.0;
+            double acc_0_2 = 0.0;
+            double acc_0_3 = 0.0;
+            double acc_0_4 = 0.0;
+            double acc_0_5 = 0.0;
+            double acc_0_6 = 0.0;
+            double acc_0_7 = 0.0;
+            double acc_1_0 = 0.0;
+            double acc_1_1 = 0.0;
+            double acc_1_2 = 0.0;
+            double acc_1_3 = 0.0;
+            double acc_1_4 = 0.0;
+            double acc_1_5 = 0.0;
+            double acc_1_6 = 0.0;
+            double acc_1_7 = 0.0;
+            double acc_2_0 = 0.0;
+            double acc_2_1 = 0.0;
+            double acc_2_2 = 0.0;
+            double acc_2_3 = 0.0;
+            double acc_2_4 = 0.0;
+            double acc_2_5 = 0.0;
+            double acc_2_6 = 0.0;
+            double acc_2_7 = 0.0;
+            double acc_3_0 = 0.0;
+            double acc_3_1 = 0.0;
+            double acc_3_2 = 0.0;
+            double acc_3_3 = 0.0;
+            double acc_3_4 = 0.0;
+            double acc_3_5 = 0.0;
+            double acc_3_6 = 0.0;
+            double acc_3_7 = 0.0;
+            double acc_4_0 = 0.0;
+            double acc_4_1 = 0.0;
+            double acc_4_2 = 0.0;
+            double acc_4_3 = 0.0;
+            double acc_4_4 = 0.0;
+            double acc_4_5 = 0.0;
+            double acc_4_6 = 0.0;
+            double acc_4_7 = 0.0;
+            double acc_5_0 = 0.0;
+            double acc_5_1 = 0.0;
+            double acc_5_2 = 0.0;
+            double acc_5_3 = 0.0;
+            double acc_5_4 = 0.0;
+            double acc_5_5 = 0.0;
+            double acc_5_6 = 0.0;
+            double acc_5_7 = 0.0;
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    acc_0_0 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                }
+            }
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
+            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
+            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
+        }
+    }
+}
+
+void mlp_bwd_tiled_f64(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    const double *restrict U,
+    const double *restrict dF,
+    double *restrict dX,
+    double *restrict dWg,
+    double *restrict dWu,
+    double *restrict dWd,
+    double *restrict WdT,
+    double *restrict dH,
+    double *restrict V,
+    double *restrict dU,
+    double *restrict WgT,
+    double *restrict dV,
+    double *restrict WuT,
+    double *restrict H,
+    double *restrict WdT_panel,
+    double *restrict Wu_panel,
+    double *restrict WgT_panel,
+    double *restrict WuT_panel,
+    double *restrict dU_panel,
+    double *restrict dV_panel,
+    double *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* WdT: from the DNF
+     * WdT[c, e] = (<e c> psi Wd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
+        for (int64_t e = 0; e < dff; ++e) {
+            WdT[c*dff + e] = Wd[c + dm*e];
+        }
+    }
+    /* dH.pack_WdT: from the DNF
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_bwd_tiled_f64_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dH.edge: from the DNF
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double dfw = 0.0;
+                #pragma omp simd reduction(+:dfw)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                }
+                dH[dff*(b*n + i) + e] = dfw;
+            }
+        }
+    }
+    /* V.pack_Wu: from the DNF
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_bwd_tiled_f64_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* V.edge: from the DNF
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -492,165 +1330,7 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dX: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i_blk = 0; i_blk < ((((n + 5) / 6) + 15) / 16); ++i_blk) {
-            for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-                for (int64_t i_tile = 16*i_blk; i_tile < (16*i_blk + 16 < ((n + 5) / 6) ? 16*i_blk + 16 : ((n + 5) / 6)); ++i_tile) {
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
-                    for (int64_t e = 0; e < dff; ++e) {
-                        acc_0_0 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_0_1 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_0_2 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_0_3 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_0_4 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_0_5 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_0_6 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_0_7 += dU[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_1_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_1_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_1_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_1_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_1_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_1_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_1_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_1_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_2_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_2_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_2_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_2_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_2_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_2_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_2_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_2_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_3_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_3_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_3_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_3_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_3_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_3_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_3_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_3_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_4_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_4_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_4_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_4_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_4_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_4_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_4_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_4_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                        acc_5_0 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e];
-                        acc_5_1 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 1] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 1];
-                        acc_5_2 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 2] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 2];
-                        acc_5_3 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 3] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 3];
-                        acc_5_4 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 4] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 4];
-                        acc_5_5 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 5] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 5];
-                        acc_5_6 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 6] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 6];
-                        acc_5_7 += dU[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WgT_panel[8*c_tile*dff + 8*e + 7] + dV[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + e] * WuT_panel[8*c_tile*dff + 8*e + 7];
-                    }
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    dX[8*c_tile + dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    dX[8*c_tile + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
+    mlp_bwd_tiled_f64_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* dX.edge: from the DNF
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
      *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
@@ -682,162 +1362,7 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dWg: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
+    mlp_bwd_tiled_f64_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* dWg.edge: from the DNF
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
      */
@@ -870,162 +1395,7 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dWu: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c_tile = 0; c_tile < ((dm + 5) / 6); ++c_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += X[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                }
-            }
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 1] = acc_0_1;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 2] = acc_0_2;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 3] = acc_0_3;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 4] = acc_0_4;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 5] = acc_0_5;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 6] = acc_0_6;
-            dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile + 7] = acc_0_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile] = acc_1_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 1] = acc_1_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 2] = acc_1_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 3] = acc_1_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 4] = acc_1_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 5] = acc_1_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 6] = acc_1_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1) + 8*e_tile + 7] = acc_1_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile] = acc_2_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 1] = acc_2_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 2] = acc_2_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 3] = acc_2_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 4] = acc_2_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 5] = acc_2_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 6] = acc_2_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2) + 8*e_tile + 7] = acc_2_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile] = acc_3_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 1] = acc_3_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 2] = acc_3_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 3] = acc_3_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 4] = acc_3_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 5] = acc_3_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 6] = acc_3_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3) + 8*e_tile + 7] = acc_3_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile] = acc_4_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 1] = acc_4_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 2] = acc_4_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 3] = acc_4_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 4] = acc_4_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 5] = acc_4_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 6] = acc_4_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4) + 8*e_tile + 7] = acc_4_7;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile] = acc_5_0;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 1] = acc_5_1;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 2] = acc_5_2;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 3] = acc_5_3;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 4] = acc_5_4;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 5] = acc_5_5;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 6] = acc_5_6;
-            dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
-        }
-    }
+    mlp_bwd_tiled_f64_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* dWu.edge: from the DNF
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
      */
@@ -1070,162 +1440,7 @@ void mlp_bwd_tiled_f64(
             }
         }
     }
-    /* dWd: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e_tile = 0; e_tile < ((dff + 5) / 6); ++e_tile) {
-            double acc_0_0 = 0.0;
-            double acc_0_1 = 0.0;
-            double acc_0_2 = 0.0;
-            double acc_0_3 = 0.0;
-            double acc_0_4 = 0.0;
-            double acc_0_5 = 0.0;
-            double acc_0_6 = 0.0;
-            double acc_0_7 = 0.0;
-            double acc_1_0 = 0.0;
-            double acc_1_1 = 0.0;
-            double acc_1_2 = 0.0;
-            double acc_1_3 = 0.0;
-            double acc_1_4 = 0.0;
-            double acc_1_5 = 0.0;
-            double acc_1_6 = 0.0;
-            double acc_1_7 = 0.0;
-            double acc_2_0 = 0.0;
-            double acc_2_1 = 0.0;
-            double acc_2_2 = 0.0;
-            double acc_2_3 = 0.0;
-            double acc_2_4 = 0.0;
-            double acc_2_5 = 0.0;
-            double acc_2_6 = 0.0;
-            double acc_2_7 = 0.0;
-            double acc_3_0 = 0.0;
-            double acc_3_1 = 0.0;
-            double acc_3_2 = 0.0;
-            double acc_3_3 = 0.0;
-            double acc_3_4 = 0.0;
-            double acc_3_5 = 0.0;
-            double acc_3_6 = 0.0;
-            double acc_3_7 = 0.0;
-            double acc_4_0 = 0.0;
-            double acc_4_1 = 0.0;
-            double acc_4_2 = 0.0;
-            double acc_4_3 = 0.0;
-            double acc_4_4 = 0.0;
-            double acc_4_5 = 0.0;
-            double acc_4_6 = 0.0;
-            double acc_4_7 = 0.0;
-            double acc_5_0 = 0.0;
-            double acc_5_1 = 0.0;
-            double acc_5_2 = 0.0;
-            double acc_5_3 = 0.0;
-            double acc_5_4 = 0.0;
-            double acc_5_5 = 0.0;
-            double acc_5_6 = 0.0;
-            double acc_5_7 = 0.0;
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                }
-            }
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 1] = acc_0_1;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 2] = acc_0_2;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 3] = acc_0_3;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 4] = acc_0_4;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 5] = acc_0_5;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 6] = acc_0_6;
-            dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1) + 7] = acc_0_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] = acc_1_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 1] = acc_1_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 2] = acc_1_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 3] = acc_1_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 4] = acc_1_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 5] = acc_1_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 6] = acc_1_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1) + 7] = acc_1_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] = acc_2_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 1] = acc_2_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 2] = acc_2_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 3] = acc_2_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 4] = acc_2_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 5] = acc_2_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 6] = acc_2_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2) + 7] = acc_2_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] = acc_3_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 1] = acc_3_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 2] = acc_3_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 3] = acc_3_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 4] = acc_3_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 5] = acc_3_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 6] = acc_3_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3) + 7] = acc_3_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] = acc_4_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 1] = acc_4_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 2] = acc_4_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 3] = acc_4_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 4] = acc_4_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 5] = acc_4_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 6] = acc_4_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4) + 7] = acc_4_7;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] = acc_5_0;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 1] = acc_5_1;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 2] = acc_5_2;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 3] = acc_5_3;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 4] = acc_5_4;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 5] = acc_5_5;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 6] = acc_5_6;
-            dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
-        }
-    }
+    mlp_bwd_tiled_f64_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* dWd.edge: from the DNF
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
      */
@@ -1247,7 +1462,7 @@ void mlp_bwd_tiled_f64(
 }
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void mlp_bwd_tiled_f32(
+static void mlp_bwd_tiled_f32_dH(
     const float *restrict X,
     const float *restrict Wg,
     const float *restrict Wu,
@@ -1279,28 +1494,6 @@ void mlp_bwd_tiled_f32(
     int64_t dff
 )
 {
-    /* WdT: from the DNF
-     * WdT[c, e] = (<e c> psi Wd)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        #pragma omp simd
-        for (int64_t e = 0; e < dff; ++e) {
-            WdT[c*dff + e] = Wd[c + dm*e];
-        }
-    }
-    /* dH.pack_WdT: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* dH: from the DNF
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
      */
@@ -1459,34 +1652,41 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* dH.edge: from the DNF
-     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float dfw = 0.0f;
-                #pragma omp simd reduction(+:dfw)
-                for (int64_t c = 0; c < dm; ++c) {
-                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
-                }
-                dH[dff*(b*n + i) + e] = dfw;
-            }
-        }
-    }
-    /* V.pack_Wu: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f32_V(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* V: from the DNF
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -1645,93 +1845,41 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* V.edge: from the DNF
-     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xu = 0.0f;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                V[dff*(b*n + i) + e] = xu;
-            }
-        }
-    }
-    /* dU: from the DNF
-     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
-                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
-            }
-        }
-    }
-    /* WgT: from the DNF
-     * WgT[e, c] = (<c e> psi Wg)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            WgT[c + dm*e] = Wg[c*dff + e];
-        }
-    }
-    /* dV: from the DNF
-     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
-            }
-        }
-    }
-    /* WuT: from the DNF
-     * WuT[e, c] = (<c e> psi Wu)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e = 0; e < dff; ++e) {
-        #pragma omp simd
-        for (int64_t c = 0; c < dm; ++c) {
-            WuT[c + dm*e] = Wu[c*dff + e];
-        }
-    }
-    /* dX.pack_WgT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
-    /* dX.pack_WuT: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f32_dX(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* dX: from the DNF
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
      *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
@@ -1891,37 +2039,41 @@ void mlp_bwd_tiled_f32(
             }
         }
     }
-    /* dX.edge: from the DNF
-     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
-     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
-                float dug = 0.0f;
-                #pragma omp simd reduction(+:dug)
-                for (int64_t e = 0; e < dff; ++e) {
-                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
-                }
-                dX[c + dm*(b*n + i)] = dug;
-            }
-        }
-    }
-    /* dWg.pack_dU: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f32_dWg(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* dWg: from the DNF
      * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
      */
@@ -2078,38 +2230,41 @@ void mlp_bwd_tiled_f32(
             dWg[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* dWg.edge: from the DNF
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_g = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                float xdu = 0.0f;
-                #pragma omp simd reduction(+:xdu)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
-                }
-                batch_g += xdu;
-            }
-            dWg[c*dff + e] = batch_g;
-        }
-    }
-    /* dWu.pack_dV: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f32_dWu(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* dWu: from the DNF
      * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
      */
@@ -2266,50 +2421,41 @@ void mlp_bwd_tiled_f32(
             dWu[dff*(dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5) + 8*e_tile + 7] = acc_5_7;
         }
     }
-    /* dWu.edge: from the DNF
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c = 0; c < dm; ++c) {
-        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-            float batch_u = 0.0f;
-            for (int64_t b = 0; b < batch; ++b) {
-                float xdv = 0.0f;
-                #pragma omp simd reduction(+:xdv)
-                for (int64_t i = 0; i < n; ++i) {
-                    xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
-                }
-                batch_u += xdv;
-            }
-            dWu[c*dff + e] = batch_u;
-        }
-    }
-    /* H: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
-            }
-        }
-    }
-    /* dWd.pack_dF: from the DNF
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_bwd_tiled_f32_dWd(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* dWd: from the DNF
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
      */
@@ -2466,6 +2612,290 @@ void mlp_bwd_tiled_f32(
             dWd[8*c_tile + dm*(dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5) + 7] = acc_5_7;
         }
     }
+}
+
+void mlp_bwd_tiled_f32(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    const float *restrict U,
+    const float *restrict dF,
+    float *restrict dX,
+    float *restrict dWg,
+    float *restrict dWu,
+    float *restrict dWd,
+    float *restrict WdT,
+    float *restrict dH,
+    float *restrict V,
+    float *restrict dU,
+    float *restrict WgT,
+    float *restrict dV,
+    float *restrict WuT,
+    float *restrict H,
+    float *restrict WdT_panel,
+    float *restrict Wu_panel,
+    float *restrict WgT_panel,
+    float *restrict WuT_panel,
+    float *restrict dU_panel,
+    float *restrict dV_panel,
+    float *restrict dF_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* WdT: from the DNF
+     * WdT[c, e] = (<e c> psi Wd)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        #pragma omp simd
+        for (int64_t e = 0; e < dff; ++e) {
+            WdT[c*dff + e] = Wd[c + dm*e];
+        }
+    }
+    /* dH.pack_WdT: from the DNF
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                WdT_panel[8*c + 8*dm*e_tile + lane] = WdT[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_dH(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dH.edge: from the DNF
+     * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float dfw = 0.0f;
+                #pragma omp simd reduction(+:dfw)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dfw += dF[c + dm*(b*n + i)] * WdT[c*dff + e];
+                }
+                dH[dff*(b*n + i) + e] = dfw;
+            }
+        }
+    }
+    /* V.pack_Wu: from the DNF
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_V(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* V.edge: from the DNF
+     * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                V[dff*(b*n + i) + e] = xu;
+            }
+        }
+    }
+    /* dU: from the DNF
+     * dU[b, i, e] = (<b i e> psi dH) * (<b i e> psi V) * 1.0 / (1.0 + exp(neg((<b i e> psi U)))) * (1.0 + (<b i e> psi U) * (1.0 - 1.0 / (1.0 + exp(neg((<b i e> psi U))))))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                const float t = 1.0f / (1.0f + expf(-U[dff*(b*n + i) + e]));
+                dU[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * V[dff*(b*n + i) + e] * t * (1.0f + U[dff*(b*n + i) + e] * (1.0f - t));
+            }
+        }
+    }
+    /* WgT: from the DNF
+     * WgT[e, c] = (<c e> psi Wg)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            WgT[c + dm*e] = Wg[c*dff + e];
+        }
+    }
+    /* dV: from the DNF
+     * dV[b, i, e] = (<b i e> psi dH) * silu((<b i e> psi U))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                dV[dff*(b*n + i) + e] = dH[dff*(b*n + i) + e] * U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e]));
+            }
+        }
+    }
+    /* WuT: from the DNF
+     * WuT[e, c] = (<c e> psi Wu)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e = 0; e < dff; ++e) {
+        #pragma omp simd
+        for (int64_t c = 0; c < dm; ++c) {
+            WuT[c + dm*e] = Wu[c*dff + e];
+        }
+    }
+    /* dX.pack_WgT: from the DNF
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                WgT_panel[8*c_tile*dff + 8*e + lane] = WgT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    /* dX.pack_WuT: from the DNF
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                WuT_panel[8*c_tile*dff + 8*e + lane] = WuT[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_dX(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dX.edge: from the DNF
+     * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
+     *               + sum[e3 < dff]((<b i e3> psi dV) * (<e3 c> psi WuT))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t c = 8*((dm) / 8); c < dm; ++c) {
+                float dug = 0.0f;
+                #pragma omp simd reduction(+:dug)
+                for (int64_t e = 0; e < dff; ++e) {
+                    dug += dU[dff*(b*n + i) + e] * WgT[c + dm*e] + dV[dff*(b*n + i) + e] * WuT[c + dm*e];
+                }
+                dX[c + dm*(b*n + i)] = dug;
+            }
+        }
+    }
+    /* dWg.pack_dU: from the DNF
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dU_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dU[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_dWg(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dWg.edge: from the DNF
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            float batch_g = 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+                float xdu = 0.0f;
+                #pragma omp simd reduction(+:xdu)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdu += X[c + dm*(b*n + i)] * dU[dff*(b*n + i) + e];
+                }
+                batch_g += xdu;
+            }
+            dWg[c*dff + e] = batch_g;
+        }
+    }
+    /* dWu.pack_dV: from the DNF
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dV_panel[8*i + lane + 8*n*(b + batch*e_tile)] = dV[dff*(b*n + i) + 8*e_tile + lane];
+                }
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_dWu(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
+    /* dWu.edge: from the DNF
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c = 0; c < dm; ++c) {
+        for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+            float batch_u = 0.0f;
+            for (int64_t b = 0; b < batch; ++b) {
+                float xdv = 0.0f;
+                #pragma omp simd reduction(+:xdv)
+                for (int64_t i = 0; i < n; ++i) {
+                    xdv += X[c + dm*(b*n + i)] * dV[dff*(b*n + i) + e];
+                }
+                batch_u += xdv;
+            }
+            dWu[c*dff + e] = batch_u;
+        }
+    }
+    /* H: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < dff; ++e) {
+                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * V[dff*(b*n + i) + e];
+            }
+        }
+    }
+    /* dWd.pack_dF: from the DNF
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dF_panel[8*i + lane + 8*n*(b + batch*c_tile)] = dF[8*c_tile + dm*(b*n + i) + lane];
+                }
+            }
+        }
+    }
+    mlp_bwd_tiled_f32_dWd(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, n, dm, dff);
     /* dWd.edge: from the DNF
      * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
      */

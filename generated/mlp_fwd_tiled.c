@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void mlp_fwd_tiled_f64(
+static void mlp_fwd_tiled_f64_U(
     const double *restrict X,
     const double *restrict Wg,
     const double *restrict Wu,
@@ -24,18 +24,6 @@ void mlp_fwd_tiled_f64(
     int64_t dff
 )
 {
-    /* U.pack_Wg: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* U: from the DNF
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
      */
@@ -194,34 +182,26 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
-    /* U.edge: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xg = 0.0;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* H.pack_Wu: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_fwd_tiled_f64_H(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict F,
+    double *restrict U,
+    double *restrict H,
+    double *restrict Wg_panel,
+    double *restrict Wu_panel,
+    double *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* H: from the DNF
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -380,34 +360,26 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
-    /* H.edge: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                double xu = 0.0;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
-            }
-        }
-    }
-    /* F.pack_Wd: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_fwd_tiled_f64_F(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict F,
+    double *restrict U,
+    double *restrict H,
+    double *restrict Wg_panel,
+    double *restrict Wu_panel,
+    double *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* F: from the DNF
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
      */
@@ -566,6 +538,96 @@ void mlp_fwd_tiled_f64(
             }
         }
     }
+}
+
+void mlp_fwd_tiled_f64(
+    const double *restrict X,
+    const double *restrict Wg,
+    const double *restrict Wu,
+    const double *restrict Wd,
+    double *restrict F,
+    double *restrict U,
+    double *restrict H,
+    double *restrict Wg_panel,
+    double *restrict Wu_panel,
+    double *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* U.pack_Wg: from the DNF
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f64_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* U.edge: from the DNF
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xg = 0.0;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* H.pack_Wu: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f64_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* H.edge: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                double xu = 0.0;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * xu;
+            }
+        }
+    }
+    /* F.pack_Wd: from the DNF
+     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f64_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
     /* F.edge: from the DNF
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
      */
@@ -585,7 +647,7 @@ void mlp_fwd_tiled_f64(
 }
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void mlp_fwd_tiled_f32(
+static void mlp_fwd_tiled_f32_U(
     const float *restrict X,
     const float *restrict Wg,
     const float *restrict Wu,
@@ -602,18 +664,6 @@ void mlp_fwd_tiled_f32(
     int64_t dff
 )
 {
-    /* U.pack_Wg: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
     /* U: from the DNF
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
      */
@@ -772,34 +822,26 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    /* U.edge: from the DNF
-     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xg = 0.0f;
-                #pragma omp simd reduction(+:xg)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
-                }
-                U[dff*(b*n + i) + e] = xg;
-            }
-        }
-    }
-    /* H.pack_Wu: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
-        for (int64_t c = 0; c < dm; ++c) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_fwd_tiled_f32_H(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict F,
+    float *restrict U,
+    float *restrict H,
+    float *restrict Wg_panel,
+    float *restrict Wu_panel,
+    float *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* H: from the DNF
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -958,34 +1000,26 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
-    /* H.edge: from the DNF
-     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
-                float xu = 0.0f;
-                #pragma omp simd reduction(+:xu)
-                for (int64_t c = 0; c < dm; ++c) {
-                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
-                }
-                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
-            }
-        }
-    }
-    /* F.pack_Wd: from the DNF
-     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
-        for (int64_t e = 0; e < dff; ++e) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < 8; ++lane) {
-                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void mlp_fwd_tiled_f32_F(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict F,
+    float *restrict U,
+    float *restrict H,
+    float *restrict Wg_panel,
+    float *restrict Wu_panel,
+    float *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
     /* F: from the DNF
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
      */
@@ -1144,6 +1178,96 @@ void mlp_fwd_tiled_f32(
             }
         }
     }
+}
+
+void mlp_fwd_tiled_f32(
+    const float *restrict X,
+    const float *restrict Wg,
+    const float *restrict Wu,
+    const float *restrict Wd,
+    float *restrict F,
+    float *restrict U,
+    float *restrict H,
+    float *restrict Wg_panel,
+    float *restrict Wu_panel,
+    float *restrict Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t dff
+)
+{
+    /* U.pack_Wg: from the DNF
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wg_panel[8*c + 8*dm*e_tile + lane] = Wg[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f32_U(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* U.edge: from the DNF
+     * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xg = 0.0f;
+                #pragma omp simd reduction(+:xg)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xg += X[c + dm*(b*n + i)] * Wg[c*dff + e];
+                }
+                U[dff*(b*n + i) + e] = xg;
+            }
+        }
+    }
+    /* H.pack_Wu: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wu_panel[8*c + 8*dm*e_tile + lane] = Wu[c*dff + 8*e_tile + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f32_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* H.edge: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t e = 8*((dff) / 8); e < dff; ++e) {
+                float xu = 0.0f;
+                #pragma omp simd reduction(+:xu)
+                for (int64_t c = 0; c < dm; ++c) {
+                    xu += X[c + dm*(b*n + i)] * Wu[c*dff + e];
+                }
+                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * xu;
+            }
+        }
+    }
+    /* F.pack_Wd: from the DNF
+     * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
+        for (int64_t e = 0; e < dff; ++e) {
+            #pragma omp simd
+            for (int64_t lane = 0; lane < 8; ++lane) {
+                Wd_panel[8*c_tile*dff + 8*e + lane] = Wd[8*c_tile + dm*e + lane];
+            }
+        }
+    }
+    mlp_fwd_tiled_f32_F(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
     /* F.edge: from the DNF
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
      */

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void out_proj_bwd_tiled_f64(
+static void out_proj_bwd_tiled_f64_dO(
     const double *restrict O,
     const double *restrict Wo,
     const double *restrict dY,
@@ -23,32 +23,6 @@ void out_proj_bwd_tiled_f64(
     int64_t dm
 )
 {
-    /* WoT: from the DNF
-     * WoT[h, m, c] = (<h c m> psi Wo)
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            #pragma omp simd
-            for (int64_t c = 0; c < dh; ++c) {
-                WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
-            }
-        }
-    }
-    /* dO.pack_WoT: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
-                }
-            }
-        }
-    }
     /* dO: from the DNF
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
      */
@@ -207,38 +181,25 @@ void out_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dO.edge: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double yw = 0.0;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
-                    }
-                    dO[c + dh*(i + n*(b*heads + h))] = yw;
-                }
-            }
-        }
-    }
-    /* dWo.pack_dY: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void out_proj_bwd_tiled_f64_dWo(
+    const double *restrict O,
+    const double *restrict Wo,
+    const double *restrict dY,
+    double *restrict dO,
+    double *restrict dWo,
+    double *restrict WoT,
+    double *restrict WoT_panel,
+    double *restrict dY_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
     /* dWo: from the DNF
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
      */
@@ -397,38 +358,17 @@ void out_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWo.edge: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c = 0; c < dh; ++c) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double oy = 0.0;
-                    #pragma omp simd reduction(+:oy)
-                    for (int64_t i = 0; i < n; ++i) {
-                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
-                    }
-                    batches += oy;
-                }
-                dWo[dm*(c + dh*h) + m] = batches;
-            }
-        }
-    }
 }
 
-__attribute__((optimize("no-tree-loop-vectorize")))
-void out_proj_bwd_tiled_f32(
-    const float *restrict O,
-    const float *restrict Wo,
-    const float *restrict dY,
-    float *restrict dO,
-    float *restrict dWo,
-    float *restrict WoT,
-    float *restrict WoT_panel,
-    float *restrict dY_panel,
+void out_proj_bwd_tiled_f64(
+    const double *restrict O,
+    const double *restrict Wo,
+    const double *restrict dY,
+    double *restrict dO,
+    double *restrict dWo,
+    double *restrict WoT,
+    double *restrict WoT_panel,
+    double *restrict dY_panel,
     int64_t batch,
     int64_t heads,
     int64_t n,
@@ -462,6 +402,79 @@ void out_proj_bwd_tiled_f32(
             }
         }
     }
+    out_proj_bwd_tiled_f64_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+    /* dO.edge: from the DNF
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double yw = 0.0;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                    }
+                    dO[c + dh*(i + n*(b*heads + h))] = yw;
+                }
+            }
+        }
+    }
+    /* dWo.pack_dY: from the DNF
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    out_proj_bwd_tiled_f64_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+    /* dWo.edge: from the DNF
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c = 0; c < dh; ++c) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double oy = 0.0;
+                    #pragma omp simd reduction(+:oy)
+                    for (int64_t i = 0; i < n; ++i) {
+                        oy += O[c + dh*(i + n*(b*heads + h))] * dY[dm*(b*n + i) + m];
+                    }
+                    batches += oy;
+                }
+                dWo[dm*(c + dh*h) + m] = batches;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void out_proj_bwd_tiled_f32_dO(
+    const float *restrict O,
+    const float *restrict Wo,
+    const float *restrict dY,
+    float *restrict dO,
+    float *restrict dWo,
+    float *restrict WoT,
+    float *restrict WoT_panel,
+    float *restrict dY_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
     /* dO: from the DNF
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
      */
@@ -620,38 +633,25 @@ void out_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dO.edge: from the DNF
-     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    float yw = 0.0f;
-                    #pragma omp simd reduction(+:yw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
-                    }
-                    dO[c + dh*(i + n*(b*heads + h))] = yw;
-                }
-            }
-        }
-    }
-    /* dWo.pack_dY: from the DNF
-     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t b = 0; b < batch; ++b) {
-            for (int64_t i = 0; i < n; ++i) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void out_proj_bwd_tiled_f32_dWo(
+    const float *restrict O,
+    const float *restrict Wo,
+    const float *restrict dY,
+    float *restrict dO,
+    float *restrict dWo,
+    float *restrict WoT,
+    float *restrict WoT_panel,
+    float *restrict dY_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
     /* dWo: from the DNF
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
      */
@@ -810,6 +810,84 @@ void out_proj_bwd_tiled_f32(
             }
         }
     }
+}
+
+void out_proj_bwd_tiled_f32(
+    const float *restrict O,
+    const float *restrict Wo,
+    const float *restrict dY,
+    float *restrict dO,
+    float *restrict dWo,
+    float *restrict WoT,
+    float *restrict WoT_panel,
+    float *restrict dY_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
+    /* WoT: from the DNF
+     * WoT[h, m, c] = (<h c m> psi Wo)
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            #pragma omp simd
+            for (int64_t c = 0; c < dh; ++c) {
+                WoT[c + dh*(dm*h + m)] = Wo[dm*(c + dh*h) + m];
+            }
+        }
+    }
+    /* dO.pack_WoT: from the DNF
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    WoT_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = WoT[8*c_tile + dh*(dm*h + m) + lane];
+                }
+            }
+        }
+    }
+    out_proj_bwd_tiled_f32_dO(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
+    /* dO.edge: from the DNF
+     * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    float yw = 0.0f;
+                    #pragma omp simd reduction(+:yw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        yw += dY[dm*(b*n + i) + m] * WoT[c + dh*(dm*h + m)];
+                    }
+                    dO[c + dh*(i + n*(b*heads + h))] = yw;
+                }
+            }
+        }
+    }
+    /* dWo.pack_dY: from the DNF
+     * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t i = 0; i < n; ++i) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    dY_panel[8*i + lane + 8*n*(b + batch*m_tile)] = dY[dm*(b*n + i) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    out_proj_bwd_tiled_f32_dWo(O, Wo, dY, dO, dWo, WoT, WoT_panel, dY_panel, batch, heads, n, dh, dm);
     /* dWo.edge: from the DNF
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
      */

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void out_proj_tiled_f64(
+static void out_proj_tiled_f64_Y(
     const double *restrict O,
     const double *restrict Wo,
     const double *restrict R,
@@ -20,21 +20,6 @@ void out_proj_tiled_f64(
     int64_t dm
 )
 {
-    /* Y.pack_Wo: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
     /* Y: from the DNF
      * Y[b, i, m] = (<b i m> psi R)
      *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
@@ -194,6 +179,37 @@ void out_proj_tiled_f64(
             }
         }
     }
+}
+
+void out_proj_tiled_f64(
+    const double *restrict O,
+    const double *restrict Wo,
+    const double *restrict R,
+    double *restrict Y,
+    double *restrict Wo_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
+    /* Y.pack_Wo: from the DNF
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    out_proj_tiled_f64_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
     /* Y.edge: from the DNF
      * Y[b, i, m] = (<b i m> psi R)
      *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
@@ -218,7 +234,7 @@ void out_proj_tiled_f64(
 }
 
 __attribute__((optimize("no-tree-loop-vectorize")))
-void out_proj_tiled_f32(
+static void out_proj_tiled_f32_Y(
     const float *restrict O,
     const float *restrict Wo,
     const float *restrict R,
@@ -231,21 +247,6 @@ void out_proj_tiled_f32(
     int64_t dm
 )
 {
-    /* Y.pack_Wo: from the DNF
-     * Y[b, i, m] = (<b i m> psi R)
-     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c = 0; c < dh; ++c) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
-                }
-            }
-        }
-    }
     /* Y: from the DNF
      * Y[b, i, m] = (<b i m> psi R)
      *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
@@ -405,6 +406,37 @@ void out_proj_tiled_f32(
             }
         }
     }
+}
+
+void out_proj_tiled_f32(
+    const float *restrict O,
+    const float *restrict Wo,
+    const float *restrict R,
+    float *restrict Y,
+    float *restrict Wo_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
+    /* Y.pack_Wo: from the DNF
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c = 0; c < dh; ++c) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wo_panel[8*c + 8*dh*(h + heads*m_tile) + lane] = Wo[dm*(c + dh*h) + lane + 8*m_tile];
+                }
+            }
+        }
+    }
+    out_proj_tiled_f32_Y(O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
     /* Y.edge: from the DNF
      * Y[b, i, m] = (<b i m> psi R)
      *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))

@@ -7,6 +7,763 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f64_dX(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict dQ,
+    const double *restrict dK,
+    const double *restrict dV,
+    double *restrict dX,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict WqT,
+    double *restrict WkT,
+    double *restrict WvT,
+    double *restrict WqT_panel,
+    double *restrict WkT_panel,
+    double *restrict WvT_panel,
+    double *restrict dQ_panel,
+    double *restrict dK_panel,
+    double *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* dX: from the DNF
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
+            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    for (int64_t c = 0; c < dh; ++c) {
+                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
+                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
+                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
+                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
+                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
+                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
+                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
+                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
+                    }
+                }
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f64_dWq(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict dQ,
+    const double *restrict dK,
+    const double *restrict dV,
+    double *restrict dX,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict WqT,
+    double *restrict WkT,
+    double *restrict WvT,
+    double *restrict WqT_panel,
+    double *restrict WkT_panel,
+    double *restrict WvT_panel,
+    double *restrict dQ_panel,
+    double *restrict dK_panel,
+    double *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* dWq: from the DNF
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f64_dWk(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict dQ,
+    const double *restrict dK,
+    const double *restrict dV,
+    double *restrict dX,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict WqT,
+    double *restrict WkT,
+    double *restrict WvT,
+    double *restrict WqT_panel,
+    double *restrict WkT_panel,
+    double *restrict WvT_panel,
+    double *restrict dQ_panel,
+    double *restrict dK_panel,
+    double *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* dWk: from the DNF
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f64_dWv(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    const double *restrict dQ,
+    const double *restrict dK,
+    const double *restrict dV,
+    double *restrict dX,
+    double *restrict dWq,
+    double *restrict dWk,
+    double *restrict dWv,
+    double *restrict WqT,
+    double *restrict WkT,
+    double *restrict WvT,
+    double *restrict WqT_panel,
+    double *restrict WkT_panel,
+    double *restrict WvT_panel,
+    double *restrict dQ_panel,
+    double *restrict dK_panel,
+    double *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* dWv: from the DNF
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
+                double acc_0_0 = 0.0;
+                double acc_0_1 = 0.0;
+                double acc_0_2 = 0.0;
+                double acc_0_3 = 0.0;
+                double acc_0_4 = 0.0;
+                double acc_0_5 = 0.0;
+                double acc_0_6 = 0.0;
+                double acc_0_7 = 0.0;
+                double acc_1_0 = 0.0;
+                double acc_1_1 = 0.0;
+                double acc_1_2 = 0.0;
+                double acc_1_3 = 0.0;
+                double acc_1_4 = 0.0;
+                double acc_1_5 = 0.0;
+                double acc_1_6 = 0.0;
+                double acc_1_7 = 0.0;
+                double acc_2_0 = 0.0;
+                double acc_2_1 = 0.0;
+                double acc_2_2 = 0.0;
+                double acc_2_3 = 0.0;
+                double acc_2_4 = 0.0;
+                double acc_2_5 = 0.0;
+                double acc_2_6 = 0.0;
+                double acc_2_7 = 0.0;
+                double acc_3_0 = 0.0;
+                double acc_3_1 = 0.0;
+                double acc_3_2 = 0.0;
+                double acc_3_3 = 0.0;
+                double acc_3_4 = 0.0;
+                double acc_3_5 = 0.0;
+                double acc_3_6 = 0.0;
+                double acc_3_7 = 0.0;
+                double acc_4_0 = 0.0;
+                double acc_4_1 = 0.0;
+                double acc_4_2 = 0.0;
+                double acc_4_3 = 0.0;
+                double acc_4_4 = 0.0;
+                double acc_4_5 = 0.0;
+                double acc_4_6 = 0.0;
+                double acc_4_7 = 0.0;
+                double acc_5_0 = 0.0;
+                double acc_5_1 = 0.0;
+                double acc_5_2 = 0.0;
+                double acc_5_3 = 0.0;
+                double acc_5_4 = 0.0;
+                double acc_5_5 = 0.0;
+                double acc_5_6 = 0.0;
+                double acc_5_7 = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    for (int64_t i = 0; i < n; ++i) {
+                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
+                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
+                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
+                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
+                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
+                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
+                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
+                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
+                    }
+                }
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
+                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
+                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
+            }
+        }
+    }
+}
+
 void qkv_proj_bwd_tiled_f64(
     const double *restrict X,
     const double *restrict Wq,
@@ -119,6 +876,171 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
+    qkv_proj_bwd_tiled_f64_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dX.edge: from the DNF
+     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
+     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
+     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
+                double heads_sum = 0.0;
+                for (int64_t h = 0; h < heads; ++h) {
+                    double gw = 0.0;
+                    #pragma omp simd reduction(+:gw)
+                    for (int64_t c = 0; c < dh; ++c) {
+                        gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
+                    }
+                    heads_sum += gw;
+                }
+                dX[dm*(b*n + i) + m] = heads_sum;
+            }
+        }
+    }
+    /* dWq.pack_dQ: from the DNF
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
+    qkv_proj_bwd_tiled_f64_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWq.edge: from the DNF
+     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWq[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* dWk.pack_dK: from the DNF
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
+    qkv_proj_bwd_tiled_f64_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWk.edge: from the DNF
+     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWk[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+    /* dWv.pack_dV: from the DNF
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t b = 0; b < batch; ++b) {
+                for (int64_t i = 0; i < n; ++i) {
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
+                    }
+                }
+            }
+        }
+    }
+    qkv_proj_bwd_tiled_f64_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
+    /* dWv.edge: from the DNF
+     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t m = 0; m < dm; ++m) {
+            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                double batches = 0.0;
+                for (int64_t b = 0; b < batch; ++b) {
+                    double xg = 0.0;
+                    #pragma omp simd reduction(+:xg)
+                    for (int64_t i = 0; i < n; ++i) {
+                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
+                    }
+                    batches += xg;
+                }
+                dWv[c + dh*(h + heads*m)] = batches;
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f32_dX(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict dQ,
+    const float *restrict dK,
+    const float *restrict dV,
+    float *restrict dX,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict WqT,
+    float *restrict WkT,
+    float *restrict WvT,
+    float *restrict WqT_panel,
+    float *restrict WkT_panel,
+    float *restrict WvT_panel,
+    float *restrict dQ_panel,
+    float *restrict dK_panel,
+    float *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* dX: from the DNF
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
      *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
@@ -128,54 +1050,54 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
             for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                     for (int64_t c = 0; c < dh; ++c) {
                         acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
@@ -279,44 +1201,37 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dX.edge: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t m = 8*((dm) / 8); m < dm; ++m) {
-                double heads_sum = 0.0;
-                for (int64_t h = 0; h < heads; ++h) {
-                    double gw = 0.0;
-                    #pragma omp simd reduction(+:gw)
-                    for (int64_t c = 0; c < dh; ++c) {
-                        gw += dQ[c + dh*(i + n*(b*heads + h))] * WqT[dm*(c + dh*h) + m] + dK[c + dh*(i + n*(b*heads + h))] * WkT[dm*(c + dh*h) + m] + dV[c + dh*(i + n*(b*heads + h))] * WvT[dm*(c + dh*h) + m];
-                    }
-                    heads_sum += gw;
-                }
-                dX[dm*(b*n + i) + m] = heads_sum;
-            }
-        }
-    }
-    /* dWq.pack_dQ: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dQ_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dQ[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
-                    }
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f32_dWq(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict dQ,
+    const float *restrict dK,
+    const float *restrict dV,
+    float *restrict dX,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict WqT,
+    float *restrict WkT,
+    float *restrict WvT,
+    float *restrict WqT_panel,
+    float *restrict WkT_panel,
+    float *restrict WvT_panel,
+    float *restrict dQ_panel,
+    float *restrict dK_panel,
+    float *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* dWq: from the DNF
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
      */
@@ -324,54 +1239,54 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
@@ -475,42 +1390,37 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWq.edge: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dQ[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWq[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* dWk.pack_dK: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dK_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dK[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
-                    }
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f32_dWk(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict dQ,
+    const float *restrict dK,
+    const float *restrict dV,
+    float *restrict dX,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict WqT,
+    float *restrict WkT,
+    float *restrict WvT,
+    float *restrict WqT_panel,
+    float *restrict WkT_panel,
+    float *restrict WvT_panel,
+    float *restrict dQ_panel,
+    float *restrict dK_panel,
+    float *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* dWk: from the DNF
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
      */
@@ -518,54 +1428,54 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
@@ -669,42 +1579,37 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWk.edge: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dK[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWk[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
-    /* dWv.pack_dV: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t b = 0; b < batch; ++b) {
-                for (int64_t i = 0; i < n; ++i) {
-                    #pragma omp simd
-                    for (int64_t lane = 0; lane < 8; ++lane) {
-                        dV_panel[8*i + lane + 8*n*(b + batch*(c_tile + h*((dh) / 8)))] = dV[8*c_tile + dh*(i + n*(b*heads + h)) + lane];
-                    }
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_bwd_tiled_f32_dWv(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    const float *restrict dQ,
+    const float *restrict dK,
+    const float *restrict dV,
+    float *restrict dX,
+    float *restrict dWq,
+    float *restrict dWk,
+    float *restrict dWv,
+    float *restrict WqT,
+    float *restrict WkT,
+    float *restrict WvT,
+    float *restrict WqT_panel,
+    float *restrict WkT_panel,
+    float *restrict WvT_panel,
+    float *restrict dQ_panel,
+    float *restrict dK_panel,
+    float *restrict dV_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* dWv: from the DNF
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
      */
@@ -712,54 +1617,54 @@ void qkv_proj_bwd_tiled_f64(
     for (int64_t h = 0; h < heads; ++h) {
         for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
             for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                double acc_0_0 = 0.0;
-                double acc_0_1 = 0.0;
-                double acc_0_2 = 0.0;
-                double acc_0_3 = 0.0;
-                double acc_0_4 = 0.0;
-                double acc_0_5 = 0.0;
-                double acc_0_6 = 0.0;
-                double acc_0_7 = 0.0;
-                double acc_1_0 = 0.0;
-                double acc_1_1 = 0.0;
-                double acc_1_2 = 0.0;
-                double acc_1_3 = 0.0;
-                double acc_1_4 = 0.0;
-                double acc_1_5 = 0.0;
-                double acc_1_6 = 0.0;
-                double acc_1_7 = 0.0;
-                double acc_2_0 = 0.0;
-                double acc_2_1 = 0.0;
-                double acc_2_2 = 0.0;
-                double acc_2_3 = 0.0;
-                double acc_2_4 = 0.0;
-                double acc_2_5 = 0.0;
-                double acc_2_6 = 0.0;
-                double acc_2_7 = 0.0;
-                double acc_3_0 = 0.0;
-                double acc_3_1 = 0.0;
-                double acc_3_2 = 0.0;
-                double acc_3_3 = 0.0;
-                double acc_3_4 = 0.0;
-                double acc_3_5 = 0.0;
-                double acc_3_6 = 0.0;
-                double acc_3_7 = 0.0;
-                double acc_4_0 = 0.0;
-                double acc_4_1 = 0.0;
-                double acc_4_2 = 0.0;
-                double acc_4_3 = 0.0;
-                double acc_4_4 = 0.0;
-                double acc_4_5 = 0.0;
-                double acc_4_6 = 0.0;
-                double acc_4_7 = 0.0;
-                double acc_5_0 = 0.0;
-                double acc_5_1 = 0.0;
-                double acc_5_2 = 0.0;
-                double acc_5_3 = 0.0;
-                double acc_5_4 = 0.0;
-                double acc_5_5 = 0.0;
-                double acc_5_6 = 0.0;
-                double acc_5_7 = 0.0;
+                float acc_0_0 = 0.0f;
+                float acc_0_1 = 0.0f;
+                float acc_0_2 = 0.0f;
+                float acc_0_3 = 0.0f;
+                float acc_0_4 = 0.0f;
+                float acc_0_5 = 0.0f;
+                float acc_0_6 = 0.0f;
+                float acc_0_7 = 0.0f;
+                float acc_1_0 = 0.0f;
+                float acc_1_1 = 0.0f;
+                float acc_1_2 = 0.0f;
+                float acc_1_3 = 0.0f;
+                float acc_1_4 = 0.0f;
+                float acc_1_5 = 0.0f;
+                float acc_1_6 = 0.0f;
+                float acc_1_7 = 0.0f;
+                float acc_2_0 = 0.0f;
+                float acc_2_1 = 0.0f;
+                float acc_2_2 = 0.0f;
+                float acc_2_3 = 0.0f;
+                float acc_2_4 = 0.0f;
+                float acc_2_5 = 0.0f;
+                float acc_2_6 = 0.0f;
+                float acc_2_7 = 0.0f;
+                float acc_3_0 = 0.0f;
+                float acc_3_1 = 0.0f;
+                float acc_3_2 = 0.0f;
+                float acc_3_3 = 0.0f;
+                float acc_3_4 = 0.0f;
+                float acc_3_5 = 0.0f;
+                float acc_3_6 = 0.0f;
+                float acc_3_7 = 0.0f;
+                float acc_4_0 = 0.0f;
+                float acc_4_1 = 0.0f;
+                float acc_4_2 = 0.0f;
+                float acc_4_3 = 0.0f;
+                float acc_4_4 = 0.0f;
+                float acc_4_5 = 0.0f;
+                float acc_4_6 = 0.0f;
+                float acc_4_7 = 0.0f;
+                float acc_5_0 = 0.0f;
+                float acc_5_1 = 0.0f;
+                float acc_5_2 = 0.0f;
+                float acc_5_3 = 0.0f;
+                float acc_5_4 = 0.0f;
+                float acc_5_5 = 0.0f;
+                float acc_5_6 = 0.0f;
+                float acc_5_7 = 0.0f;
                 for (int64_t b = 0; b < batch; ++b) {
                     for (int64_t i = 0; i < n; ++i) {
                         acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
@@ -863,29 +1768,8 @@ void qkv_proj_bwd_tiled_f64(
             }
         }
     }
-    /* dWv.edge: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t m = 0; m < dm; ++m) {
-            for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                double batches = 0.0;
-                for (int64_t b = 0; b < batch; ++b) {
-                    double xg = 0.0;
-                    #pragma omp simd reduction(+:xg)
-                    for (int64_t i = 0; i < n; ++i) {
-                        xg += X[dm*(b*n + i) + m] * dV[c + dh*(i + n*(b*heads + h))];
-                    }
-                    batches += xg;
-                }
-                dWv[c + dh*(h + heads*m)] = batches;
-            }
-        }
-    }
 }
 
-__attribute__((optimize("no-tree-loop-vectorize")))
 void qkv_proj_bwd_tiled_f32(
     const float *restrict X,
     const float *restrict Wq,
@@ -998,166 +1882,7 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dX: from the DNF
-     * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
-     *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
-     *               + sum[h4 < heads](sum[c4 < dh]((<b h4 i c4> psi dV) * (<h4 c4 m> psi WvT)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t m_tile = 0; m_tile < ((dm) / 8); ++m_tile) {
-            for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t h = 0; h < heads; ++h) {
-                    for (int64_t c = 0; c < dh; ++c) {
-                        acc_0_0 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_0_1 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_0_2 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_0_3 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_0_4 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_0_5 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_0_6 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_0_7 += dQ[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_1_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_1_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_1_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_1_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_1_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_1_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_1_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_1_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_2_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_2_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_2_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_2_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_2_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_2_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_2_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_2_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_3_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_3_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_3_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_3_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_3_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_3_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_3_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_3_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_4_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_4_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_4_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_4_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_4_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_4_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_4_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_4_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                        acc_5_0 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile)] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile)] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile)];
-                        acc_5_1 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 1] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 1];
-                        acc_5_2 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 2] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 2];
-                        acc_5_3 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 3] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 3];
-                        acc_5_4 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 4] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 4];
-                        acc_5_5 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 5] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 5];
-                        acc_5_6 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 6] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 6];
-                        acc_5_7 += dQ[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WqT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dK[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WkT_panel[8*c + 8*dh*(h + heads*m_tile) + 7] + dV[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * WvT_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
-                    }
-                }
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
-                dX[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
-                dX[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
-            }
-        }
-    }
+    qkv_proj_bwd_tiled_f32_dX(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
     /* dX.edge: from the DNF
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
      *               + sum[h3 < heads](sum[c3 < dh]((<b h3 i c3> psi dK) * (<h3 c3 m> psi WkT)))
@@ -1196,164 +1921,7 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWq: from the DNF
-     * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dQ_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWq[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWq[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    qkv_proj_bwd_tiled_f32_dWq(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
     /* dWq.edge: from the DNF
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
      */
@@ -1390,164 +1958,7 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWk: from the DNF
-     * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dK_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWk[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWk[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    qkv_proj_bwd_tiled_f32_dWk(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
     /* dWk.edge: from the DNF
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
      */
@@ -1584,164 +1995,7 @@ void qkv_proj_bwd_tiled_f32(
             }
         }
     }
-    /* dWv: from the DNF
-     * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m_tile = 0; m_tile < ((dm + 5) / 6); ++m_tile) {
-                float acc_0_0 = 0.0f;
-                float acc_0_1 = 0.0f;
-                float acc_0_2 = 0.0f;
-                float acc_0_3 = 0.0f;
-                float acc_0_4 = 0.0f;
-                float acc_0_5 = 0.0f;
-                float acc_0_6 = 0.0f;
-                float acc_0_7 = 0.0f;
-                float acc_1_0 = 0.0f;
-                float acc_1_1 = 0.0f;
-                float acc_1_2 = 0.0f;
-                float acc_1_3 = 0.0f;
-                float acc_1_4 = 0.0f;
-                float acc_1_5 = 0.0f;
-                float acc_1_6 = 0.0f;
-                float acc_1_7 = 0.0f;
-                float acc_2_0 = 0.0f;
-                float acc_2_1 = 0.0f;
-                float acc_2_2 = 0.0f;
-                float acc_2_3 = 0.0f;
-                float acc_2_4 = 0.0f;
-                float acc_2_5 = 0.0f;
-                float acc_2_6 = 0.0f;
-                float acc_2_7 = 0.0f;
-                float acc_3_0 = 0.0f;
-                float acc_3_1 = 0.0f;
-                float acc_3_2 = 0.0f;
-                float acc_3_3 = 0.0f;
-                float acc_3_4 = 0.0f;
-                float acc_3_5 = 0.0f;
-                float acc_3_6 = 0.0f;
-                float acc_3_7 = 0.0f;
-                float acc_4_0 = 0.0f;
-                float acc_4_1 = 0.0f;
-                float acc_4_2 = 0.0f;
-                float acc_4_3 = 0.0f;
-                float acc_4_4 = 0.0f;
-                float acc_4_5 = 0.0f;
-                float acc_4_6 = 0.0f;
-                float acc_4_7 = 0.0f;
-                float acc_5_0 = 0.0f;
-                float acc_5_1 = 0.0f;
-                float acc_5_2 = 0.0f;
-                float acc_5_3 = 0.0f;
-                float acc_5_4 = 0.0f;
-                float acc_5_5 = 0.0f;
-                float acc_5_6 = 0.0f;
-                float acc_5_7 = 0.0f;
-                for (int64_t b = 0; b < batch; ++b) {
-                    for (int64_t i = 0; i < n; ++i) {
-                        acc_0_0 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_0_1 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_0_2 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_0_3 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_0_4 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_0_5 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_0_6 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_0_7 += X[dm*(b*n + i) + (6*m_tile < dm - 1 ? 6*m_tile : dm - 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_1_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_1_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_1_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_1_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_1_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_1_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_1_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_1_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_2_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_2_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_2_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_2_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_2_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_2_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_2_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_2_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_3_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_3_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_3_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_3_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_3_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_3_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_3_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_3_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_4_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_4_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_4_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_4_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_4_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_4_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_4_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_4_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                        acc_5_0 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8)))];
-                        acc_5_1 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 1];
-                        acc_5_2 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 2];
-                        acc_5_3 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 3];
-                        acc_5_4 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 4];
-                        acc_5_5 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 5];
-                        acc_5_6 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 6];
-                        acc_5_7 += X[dm*(b*n + i) + (dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)] * dV_panel[8*i + 8*n*(b + batch*(c_tile + h*((dh) / 8))) + 7];
-                    }
-                }
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1))] = acc_0_0;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 1] = acc_0_1;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 2] = acc_0_2;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 3] = acc_0_3;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 4] = acc_0_4;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 5] = acc_0_5;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 6] = acc_0_6;
-                dWv[8*c_tile + dh*(h + heads*(6*m_tile < dm - 1 ? 6*m_tile : dm - 1)) + 7] = acc_0_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1))] = acc_1_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 1] = acc_1_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 2] = acc_1_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 3] = acc_1_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 4] = acc_1_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 5] = acc_1_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 6] = acc_1_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 1 ? dm - 1 : 6*m_tile + 1)) + 7] = acc_1_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2))] = acc_2_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 1] = acc_2_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 2] = acc_2_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 3] = acc_2_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 4] = acc_2_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 5] = acc_2_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 6] = acc_2_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 2 ? dm - 1 : 6*m_tile + 2)) + 7] = acc_2_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3))] = acc_3_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 1] = acc_3_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 2] = acc_3_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 3] = acc_3_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 4] = acc_3_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 5] = acc_3_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 6] = acc_3_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 3 ? dm - 1 : 6*m_tile + 3)) + 7] = acc_3_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4))] = acc_4_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 1] = acc_4_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 2] = acc_4_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 3] = acc_4_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 4] = acc_4_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 5] = acc_4_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 6] = acc_4_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 4 ? dm - 1 : 6*m_tile + 4)) + 7] = acc_4_7;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5))] = acc_5_0;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 1] = acc_5_1;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 2] = acc_5_2;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 3] = acc_5_3;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 4] = acc_5_4;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 5] = acc_5_5;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 6] = acc_5_6;
-                dWv[8*c_tile + dh*(h + heads*(dm - 1 < 6*m_tile + 5 ? dm - 1 : 6*m_tile + 5)) + 7] = acc_5_7;
-            }
-        }
-    }
+    qkv_proj_bwd_tiled_f32_dWv(X, Wq, Wk, Wv, dQ, dK, dV, dX, dWq, dWk, dWv, WqT, WkT, WvT, WqT_panel, WkT_panel, WvT_panel, dQ_panel, dK_panel, dV_panel, batch, n, dm, heads, dh);
     /* dWv.edge: from the DNF
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
      */

@@ -7,6 +7,542 @@
 #include <stdint.h>
 
 __attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f64_Q(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict Wq_panel,
+    double *restrict Wk_panel,
+    double *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* Q: from the DNF
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f64_K(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict Wq_panel,
+    double *restrict Wk_panel,
+    double *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* K: from the DNF
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f64_V(
+    const double *restrict X,
+    const double *restrict Wq,
+    const double *restrict Wk,
+    const double *restrict Wv,
+    double *restrict Q,
+    double *restrict K,
+    double *restrict V,
+    double *restrict Wq_panel,
+    double *restrict Wk_panel,
+    double *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
+    /* V: from the DNF
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
+                    double acc_0_0 = 0.0;
+                    double acc_0_1 = 0.0;
+                    double acc_0_2 = 0.0;
+                    double acc_0_3 = 0.0;
+                    double acc_0_4 = 0.0;
+                    double acc_0_5 = 0.0;
+                    double acc_0_6 = 0.0;
+                    double acc_0_7 = 0.0;
+                    double acc_1_0 = 0.0;
+                    double acc_1_1 = 0.0;
+                    double acc_1_2 = 0.0;
+                    double acc_1_3 = 0.0;
+                    double acc_1_4 = 0.0;
+                    double acc_1_5 = 0.0;
+                    double acc_1_6 = 0.0;
+                    double acc_1_7 = 0.0;
+                    double acc_2_0 = 0.0;
+                    double acc_2_1 = 0.0;
+                    double acc_2_2 = 0.0;
+                    double acc_2_3 = 0.0;
+                    double acc_2_4 = 0.0;
+                    double acc_2_5 = 0.0;
+                    double acc_2_6 = 0.0;
+                    double acc_2_7 = 0.0;
+                    double acc_3_0 = 0.0;
+                    double acc_3_1 = 0.0;
+                    double acc_3_2 = 0.0;
+                    double acc_3_3 = 0.0;
+                    double acc_3_4 = 0.0;
+                    double acc_3_5 = 0.0;
+                    double acc_3_6 = 0.0;
+                    double acc_3_7 = 0.0;
+                    double acc_4_0 = 0.0;
+                    double acc_4_1 = 0.0;
+                    double acc_4_2 = 0.0;
+                    double acc_4_3 = 0.0;
+                    double acc_4_4 = 0.0;
+                    double acc_4_5 = 0.0;
+                    double acc_4_6 = 0.0;
+                    double acc_4_7 = 0.0;
+                    double acc_5_0 = 0.0;
+                    double acc_5_1 = 0.0;
+                    double acc_5_2 = 0.0;
+                    double acc_5_3 = 0.0;
+                    double acc_5_4 = 0.0;
+                    double acc_5_5 = 0.0;
+                    double acc_5_6 = 0.0;
+                    double acc_5_7 = 0.0;
+                    for (int64_t m = 0; m < dm; ++m) {
+                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
+                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
+                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
+                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
+                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
+                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
+                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
+                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
+                    }
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
+                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
+                }
+            }
+        }
+    }
+}
+
 void qkv_proj_tiled_f64(
     const double *restrict X,
     const double *restrict Wq,
@@ -39,6 +575,112 @@ void qkv_proj_tiled_f64(
             }
         }
     }
+    qkv_proj_tiled_f64_Q(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* Q.edge: from the DNF
+     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
+                    }
+                    Q[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* K.pack_Wk: from the DNF
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    qkv_proj_tiled_f64_K(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* K.edge: from the DNF
+     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
+                    }
+                    K[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+    /* V.pack_Wv: from the DNF
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+            for (int64_t m = 0; m < dm; ++m) {
+                #pragma omp simd
+                for (int64_t lane = 0; lane < 8; ++lane) {
+                    Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
+                }
+            }
+        }
+    }
+    qkv_proj_tiled_f64_V(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
+    /* V.edge: from the DNF
+     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
+     */
+    #pragma omp parallel for collapse(3) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                    double xw = 0.0;
+                    #pragma omp simd reduction(+:xw)
+                    for (int64_t m = 0; m < dm; ++m) {
+                        xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
+                    }
+                    V[c + dh*(i + n*(b*heads + h))] = xw;
+                }
+            }
+        }
+    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f32_Q(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict Wq_panel,
+    float *restrict Wk_panel,
+    float *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* Q: from the DNF
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
      */
@@ -47,54 +689,54 @@ void qkv_proj_tiled_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -197,38 +839,27 @@ void qkv_proj_tiled_f64(
             }
         }
     }
-    /* Q.edge: from the DNF
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += X[dm*(b*n + i) + m] * Wq[c + dh*(h + heads*m)];
-                    }
-                    Q[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* K.pack_Wk: from the DNF
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wk[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f32_K(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict Wq_panel,
+    float *restrict Wk_panel,
+    float *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* K: from the DNF
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
      */
@@ -237,54 +868,54 @@ void qkv_proj_tiled_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -387,38 +1018,27 @@ void qkv_proj_tiled_f64(
             }
         }
     }
-    /* K.edge: from the DNF
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += X[dm*(b*n + i) + m] * Wk[c + dh*(h + heads*m)];
-                    }
-                    K[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
-    /* V.pack_Wv: from the DNF
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(1) schedule(static)
-    for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-            for (int64_t m = 0; m < dm; ++m) {
-                #pragma omp simd
-                for (int64_t lane = 0; lane < 8; ++lane) {
-                    Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + lane + 8*m] = Wv[8*c_tile + dh*(h + heads*m) + lane];
-                }
-            }
-        }
-    }
+}
+
+__attribute__((optimize("no-tree-loop-vectorize")))
+static void qkv_proj_tiled_f32_V(
+    const float *restrict X,
+    const float *restrict Wq,
+    const float *restrict Wk,
+    const float *restrict Wv,
+    float *restrict Q,
+    float *restrict K,
+    float *restrict V,
+    float *restrict Wq_panel,
+    float *restrict Wk_panel,
+    float *restrict Wv_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh
+)
+{
     /* V: from the DNF
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
      */
@@ -427,54 +1047,54 @@ void qkv_proj_tiled_f64(
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
                 for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    double acc_0_0 = 0.0;
-                    double acc_0_1 = 0.0;
-                    double acc_0_2 = 0.0;
-                    double acc_0_3 = 0.0;
-                    double acc_0_4 = 0.0;
-                    double acc_0_5 = 0.0;
-                    double acc_0_6 = 0.0;
-                    double acc_0_7 = 0.0;
-                    double acc_1_0 = 0.0;
-                    double acc_1_1 = 0.0;
-                    double acc_1_2 = 0.0;
-                    double acc_1_3 = 0.0;
-                    double acc_1_4 = 0.0;
-                    double acc_1_5 = 0.0;
-                    double acc_1_6 = 0.0;
-                    double acc_1_7 = 0.0;
-                    double acc_2_0 = 0.0;
-                    double acc_2_1 = 0.0;
-                    double acc_2_2 = 0.0;
-                    double acc_2_3 = 0.0;
-                    double acc_2_4 = 0.0;
-                    double acc_2_5 = 0.0;
-                    double acc_2_6 = 0.0;
-                    double acc_2_7 = 0.0;
-                    double acc_3_0 = 0.0;
-                    double acc_3_1 = 0.0;
-                    double acc_3_2 = 0.0;
-                    double acc_3_3 = 0.0;
-                    double acc_3_4 = 0.0;
-                    double acc_3_5 = 0.0;
-                    double acc_3_6 = 0.0;
-                    double acc_3_7 = 0.0;
-                    double acc_4_0 = 0.0;
-                    double acc_4_1 = 0.0;
-                    double acc_4_2 = 0.0;
-                    double acc_4_3 = 0.0;
-                    double acc_4_4 = 0.0;
-                    double acc_4_5 = 0.0;
-                    double acc_4_6 = 0.0;
-                    double acc_4_7 = 0.0;
-                    double acc_5_0 = 0.0;
-                    double acc_5_1 = 0.0;
-                    double acc_5_2 = 0.0;
-                    double acc_5_3 = 0.0;
-                    double acc_5_4 = 0.0;
-                    double acc_5_5 = 0.0;
-                    double acc_5_6 = 0.0;
-                    double acc_5_7 = 0.0;
+                    float acc_0_0 = 0.0f;
+                    float acc_0_1 = 0.0f;
+                    float acc_0_2 = 0.0f;
+                    float acc_0_3 = 0.0f;
+                    float acc_0_4 = 0.0f;
+                    float acc_0_5 = 0.0f;
+                    float acc_0_6 = 0.0f;
+                    float acc_0_7 = 0.0f;
+                    float acc_1_0 = 0.0f;
+                    float acc_1_1 = 0.0f;
+                    float acc_1_2 = 0.0f;
+                    float acc_1_3 = 0.0f;
+                    float acc_1_4 = 0.0f;
+                    float acc_1_5 = 0.0f;
+                    float acc_1_6 = 0.0f;
+                    float acc_1_7 = 0.0f;
+                    float acc_2_0 = 0.0f;
+                    float acc_2_1 = 0.0f;
+                    float acc_2_2 = 0.0f;
+                    float acc_2_3 = 0.0f;
+                    float acc_2_4 = 0.0f;
+                    float acc_2_5 = 0.0f;
+                    float acc_2_6 = 0.0f;
+                    float acc_2_7 = 0.0f;
+                    float acc_3_0 = 0.0f;
+                    float acc_3_1 = 0.0f;
+                    float acc_3_2 = 0.0f;
+                    float acc_3_3 = 0.0f;
+                    float acc_3_4 = 0.0f;
+                    float acc_3_5 = 0.0f;
+                    float acc_3_6 = 0.0f;
+                    float acc_3_7 = 0.0f;
+                    float acc_4_0 = 0.0f;
+                    float acc_4_1 = 0.0f;
+                    float acc_4_2 = 0.0f;
+                    float acc_4_3 = 0.0f;
+                    float acc_4_4 = 0.0f;
+                    float acc_4_5 = 0.0f;
+                    float acc_4_6 = 0.0f;
+                    float acc_4_7 = 0.0f;
+                    float acc_5_0 = 0.0f;
+                    float acc_5_1 = 0.0f;
+                    float acc_5_2 = 0.0f;
+                    float acc_5_3 = 0.0f;
+                    float acc_5_4 = 0.0f;
+                    float acc_5_5 = 0.0f;
+                    float acc_5_6 = 0.0f;
+                    float acc_5_7 = 0.0f;
                     for (int64_t m = 0; m < dm; ++m) {
                         acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
                         acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
@@ -577,27 +1197,8 @@ void qkv_proj_tiled_f64(
             }
         }
     }
-    /* V.edge: from the DNF
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < n; ++i) {
-                for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
-                    double xw = 0.0;
-                    #pragma omp simd reduction(+:xw)
-                    for (int64_t m = 0; m < dm; ++m) {
-                        xw += X[dm*(b*n + i) + m] * Wv[c + dh*(h + heads*m)];
-                    }
-                    V[c + dh*(i + n*(b*heads + h))] = xw;
-                }
-            }
-        }
-    }
 }
 
-__attribute__((optimize("no-tree-loop-vectorize")))
 void qkv_proj_tiled_f32(
     const float *restrict X,
     const float *restrict Wq,
@@ -630,164 +1231,7 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    /* Q: from the DNF
-     * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wq_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    Q[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
+    qkv_proj_tiled_f32_Q(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
     /* Q.edge: from the DNF
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
      */
@@ -820,164 +1264,7 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    /* K: from the DNF
-     * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wk_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    K[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
+    qkv_proj_tiled_f32_K(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
     /* K.edge: from the DNF
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
      */
@@ -1010,164 +1297,7 @@ void qkv_proj_tiled_f32(
             }
         }
     }
-    /* V: from the DNF
-     * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
-     */
-    #pragma omp parallel for collapse(3) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
-                for (int64_t i_tile = 0; i_tile < ((n + 5) / 6); ++i_tile) {
-                    float acc_0_0 = 0.0f;
-                    float acc_0_1 = 0.0f;
-                    float acc_0_2 = 0.0f;
-                    float acc_0_3 = 0.0f;
-                    float acc_0_4 = 0.0f;
-                    float acc_0_5 = 0.0f;
-                    float acc_0_6 = 0.0f;
-                    float acc_0_7 = 0.0f;
-                    float acc_1_0 = 0.0f;
-                    float acc_1_1 = 0.0f;
-                    float acc_1_2 = 0.0f;
-                    float acc_1_3 = 0.0f;
-                    float acc_1_4 = 0.0f;
-                    float acc_1_5 = 0.0f;
-                    float acc_1_6 = 0.0f;
-                    float acc_1_7 = 0.0f;
-                    float acc_2_0 = 0.0f;
-                    float acc_2_1 = 0.0f;
-                    float acc_2_2 = 0.0f;
-                    float acc_2_3 = 0.0f;
-                    float acc_2_4 = 0.0f;
-                    float acc_2_5 = 0.0f;
-                    float acc_2_6 = 0.0f;
-                    float acc_2_7 = 0.0f;
-                    float acc_3_0 = 0.0f;
-                    float acc_3_1 = 0.0f;
-                    float acc_3_2 = 0.0f;
-                    float acc_3_3 = 0.0f;
-                    float acc_3_4 = 0.0f;
-                    float acc_3_5 = 0.0f;
-                    float acc_3_6 = 0.0f;
-                    float acc_3_7 = 0.0f;
-                    float acc_4_0 = 0.0f;
-                    float acc_4_1 = 0.0f;
-                    float acc_4_2 = 0.0f;
-                    float acc_4_3 = 0.0f;
-                    float acc_4_4 = 0.0f;
-                    float acc_4_5 = 0.0f;
-                    float acc_4_6 = 0.0f;
-                    float acc_4_7 = 0.0f;
-                    float acc_5_0 = 0.0f;
-                    float acc_5_1 = 0.0f;
-                    float acc_5_2 = 0.0f;
-                    float acc_5_3 = 0.0f;
-                    float acc_5_4 = 0.0f;
-                    float acc_5_5 = 0.0f;
-                    float acc_5_6 = 0.0f;
-                    float acc_5_7 = 0.0f;
-                    for (int64_t m = 0; m < dm; ++m) {
-                        acc_0_0 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_0_1 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_0_2 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_0_3 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_0_4 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_0_5 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_0_6 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_0_7 += X[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_1_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_1_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_1_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_1_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_1_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_1_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_1_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_1_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_2_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_2_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_2_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_2_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_2_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_2_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_2_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_2_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_3_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_3_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_3_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_3_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_3_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_3_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_3_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_3_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_4_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_4_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_4_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_4_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_4_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_4_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_4_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_4_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                        acc_5_0 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m];
-                        acc_5_1 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 1];
-                        acc_5_2 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 2];
-                        acc_5_3 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 3];
-                        acc_5_4 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 4];
-                        acc_5_5 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 5];
-                        acc_5_6 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 6];
-                        acc_5_7 += X[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + m] * Wv_panel[8*dm*(c_tile + h*((dh) / 8)) + 8*m + 7];
-                    }
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1))] = acc_0_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 1] = acc_0_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 2] = acc_0_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 3] = acc_0_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 4] = acc_0_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 5] = acc_0_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 6] = acc_0_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 7] = acc_0_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1))] = acc_1_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 1] = acc_1_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 2] = acc_1_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 3] = acc_1_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 4] = acc_1_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 5] = acc_1_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 6] = acc_1_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 7] = acc_1_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2))] = acc_2_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 1] = acc_2_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 2] = acc_2_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 3] = acc_2_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 4] = acc_2_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 5] = acc_2_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 6] = acc_2_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 7] = acc_2_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3))] = acc_3_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 1] = acc_3_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 2] = acc_3_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 3] = acc_3_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 4] = acc_3_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 5] = acc_3_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 6] = acc_3_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 7] = acc_3_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4))] = acc_4_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 1] = acc_4_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 2] = acc_4_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 3] = acc_4_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 4] = acc_4_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 5] = acc_4_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 6] = acc_4_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 7] = acc_4_7;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] = acc_5_0;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 1] = acc_5_1;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 2] = acc_5_2;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 3] = acc_5_3;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 4] = acc_5_4;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 5] = acc_5_5;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 6] = acc_5_6;
-                    V[8*c_tile + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 7] = acc_5_7;
-                }
-            }
-        }
-    }
+    qkv_proj_tiled_f32_V(X, Wq, Wk, Wv, Q, K, V, Wq_panel, Wk_panel, Wv_panel, batch, n, dm, heads, dh);
     /* V.edge: from the DNF
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
      */

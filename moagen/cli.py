@@ -42,6 +42,8 @@ def _parser():
     p.add_argument("--lang", choices=LANGS, default="c")
     p.add_argument("--variant")
     p.add_argument("--dtype", choices=DTYPES, help="one dtype only (default: both)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   type=name_equals_integer, help="a schedule parameter (moagen list shows them)")
     p.add_argument("-o", "--output", type=Path)
     p.set_defaults(run=cmd_emit)
 
@@ -77,7 +79,9 @@ def _parser():
 def cmd_list(args):
     from moagen.kernels import KERNELS
     for kernel in KERNELS.values():
-        print(f"{kernel.name}: {', '.join(kernel.variants)}")
+        variants = [name + "".join(f" {k}={v}" for k, v in variant.defaults.items())
+                    for name, variant in kernel.variants.items()]
+        print(f"{kernel.name}: {', '.join(variants)}")
 
 
 def cmd_show(args):
@@ -103,11 +107,21 @@ def cmd_show(args):
         print(format_dnf(kernel.dnf(args.variant)), end="")
 
 
+def name_equals_integer(text):
+    """NAME=VALUE with an integer value, for argparse."""
+    name, _, value = text.partition("=")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=INTEGER") from None
+
+
 def cmd_emit(args):
     from moagen.codegen.emit import emit
     from moagen.onf.signature import DTYPES
 
-    source = emit(args.kernel, args.variant, args.lang, (args.dtype,) if args.dtype else DTYPES)
+    source = emit(args.kernel, args.variant, args.lang, (args.dtype,) if args.dtype else DTYPES,
+                  params=dict(args.param))
     if args.output:
         write_text(args.output, source)
     else:

@@ -13,13 +13,16 @@ from moagen.kernels import get_kernel
 
 
 @lru_cache(maxsize=None)
-def library(kernel: str, variant: str, lang: str):
-    """One build and one load per kernel variant and language per process."""
-    return load_library(emit(kernel, variant, lang), lang, stem(kernel, variant),
-                        module=FORTRAN_MODULE)
+def library(kernel: str, variant: str, lang: str, params=()):
+    """One build and one load per kernel variant, language and schedule parameters (pairs)
+    per process."""
+    return load_library(emit(kernel, variant, lang, params=dict(params)), lang,
+                        stem(kernel, variant), module=FORTRAN_MODULE)
 
 
-def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64") -> KernelCallable:
-    onf = onf_of(kernel, variant)
-    return bind(library(kernel, onf.variant, lang), signature(onf, check_dtype(dtype)), lang,
-                validate=get_kernel(kernel).validate)
+def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
+         params=None) -> KernelCallable:
+    """params: schedule parameters over the variant's defaults (moagen tune's choice)."""
+    onf = onf_of(kernel, variant, params=params)
+    return bind(library(kernel, onf.variant, lang, tuple(sorted(dict(params or {}).items()))),
+                signature(onf, check_dtype(dtype)), lang, validate=get_kernel(kernel).validate)

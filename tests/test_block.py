@@ -15,7 +15,7 @@ from moagen.errors import ScheduleError, SpecError
 from moagen.kernels import get_kernel
 from moagen.kernels.block import BACKWARD, FORWARD
 from moagen.kernels.compose import Stage, compose
-from moagen.kernels.mlp import MR, NR
+from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa import scalar as S
 from moagen.onf.interpret import run_onf
 from moagen.onf.layout import apply_layout
@@ -63,7 +63,7 @@ def test_every_step_of_the_new_schedules_keeps_the_value(kernel, variant):
     onf = initial_onf(k.dnf(variant), variant)
     want = _expected(kernel)
     steps = [("initial", onf)]
-    for transform in k.variant(variant).schedule:
+    for transform in k.variant(variant).schedule():
         onf = transform(onf)
         steps.append((str(transform), onf))
     steps.append(("lowered", apply_layout(lower_reductions(onf))))
@@ -84,7 +84,7 @@ def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_colu
     tile, edge, pack = nests["U"], nests["U.edge"], nests["U.pack_Wg"]
     accumulators = [s for s in walk(tile.body) if isinstance(s, Let) and s.name.startswith("acc_")]
     updates = [s for s in walk(tile.body) if isinstance(s, Update)]
-    assert len(accumulators) == len(updates) == MR * NR
+    assert len(accumulators) == len(updates) == TILE_DEFAULTS["mr"] * TILE_DEFAULTS["nr"]
     sums = [s for s in walk(tile.body) if isinstance(s, Loop) and s.vector_tile]
     assert len(sums) == 1 and all(isinstance(s, Update) for s in sums[0].body)
     # row blocks, then column tiles, then the block's row tiles: the panel stays in L1
@@ -101,10 +101,16 @@ def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_colu
     assert str(edge_cols.start) == "8*idiv(dff, 8)"
 
 
-def test_a_tiled_function_keeps_the_compiler_from_revectorizing_its_tiles():
+def test_a_tiled_nest_keeps_the_compiler_from_revectorizing_its_tiles():
+    """In C each tiled nest is a static function that opts out of the loop vectorizer,
+    called from the kernel's function, which keeps it (the composite's other stages)."""
     c, fortran = emit("mlp_fwd", "tiled", "c"), emit("mlp_fwd", "tiled", "fortran")
-    assert c.count('__attribute__((optimize("no-tree-loop-vectorize")))') == 2  # f64, f32
-    assert fortran.count("!GCC$ novector") == 2 * 3  # a tile per product, in both dtypes
+    attribute = '__attribute__((optimize("no-tree-loop-vectorize")))'
+    assert c.count(attribute) == 2 * 3  # a tile per product, in both dtypes
+    assert c.count(attribute + "\nstatic void mlp_fwd_tiled_f64_") == 3
+    assert attribute + "\nvoid" not in c
+    assert "    mlp_fwd_tiled_f64_U(X, Wg, Wu, Wd, F, U, H, " in c
+    assert fortran.count("!GCC$ novector") == 2 * 3
     assert "no-tree-loop-vectorize" not in emit("mlp_fwd", "naive", "c")
 
 

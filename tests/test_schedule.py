@@ -111,7 +111,7 @@ def _assert_same(got, want, rtol=1e-13):
 def _scheduled(kernel, variant):
     """The variant's ONF after its schedule, before lowering."""
     onf = initial_onf(_dnf(kernel, variant), variant)
-    for transform in get_kernel(kernel).variant(variant).schedule:
+    for transform in get_kernel(kernel).variant(variant).schedule():
         onf = transform(onf)
     return onf
 
@@ -124,13 +124,13 @@ def test_every_stage_keeps_the_value(kernel, variant):
     base = _run(kernel, onf)
     _assert_same(base, _expected(kernel), rtol=1e-12)
     stages = []
-    for transform in get_kernel(kernel).variant(variant).schedule:
+    for transform in get_kernel(kernel).variant(variant).schedule():
         onf = transform(onf)
         stages.append((str(transform), onf))
     onf = lower_reductions(onf)
     stages.append(("lower_reductions", onf))
     stages.append(("apply_layout", apply_layout(onf)))
-    schedule = get_kernel(kernel).variant(variant).schedule
+    schedule = get_kernel(kernel).variant(variant).schedule()
     for layout in ("row", "col"):
         stages.append((f"realize {layout}", realize(_dnf(kernel, variant), variant, schedule,
                                                     layout)))
@@ -232,7 +232,7 @@ def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops, nest):
 
 def test_fused_attention_computes_each_row_max_once_outside_the_output_loops():
     onf = realize(_dnf("attention_fwd", "dnf"), "dnf",
-                  get_kernel("attention_fwd").variant("dnf").schedule)
+                  get_kernel("attention_fwd").variant("dnf").schedule())
     for nest in onf.nests:
         maxes = [(s, around) for s, around in _with_loops(nest.body)
                  if isinstance(s, Update) and s.op == "max"]
@@ -264,7 +264,7 @@ def _arrays_touched(onf):
 @pytest.mark.parametrize("variant", get_kernel("attention_fwd").variants)
 def test_only_naive_attention_has_n_by_n_temporaries(variant):
     onf = realize(_dnf("attention_fwd", variant), variant,
-                  get_kernel("attention_fwd").variant(variant).schedule)
+                  get_kernel("attention_fwd").variant(variant).schedule())
     square = _square_buffers(onf)
     if variant == "naive":
         assert square == {"scores", "probs"} == {t.name for t in onf.temps}

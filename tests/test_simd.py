@@ -16,11 +16,21 @@ def _loops(kernel, variant=None):
 
 
 def test_dot_products_are_simd_reductions_in_both_languages():
-    qk = [lp for lp in _loops("attention_fwd", "online") if lp.simd and "qk" in simd_clauses(lp)]
+    qk = [lp for lp in _loops("attention_fwd", "dnf") if lp.simd and "qk" in simd_clauses(lp)]
     assert qk and simd_clauses(qk[0]) == " reduction(+:qk)"
-    assert "#pragma omp simd reduction(+:qk)" in emit("attention_fwd", "online", "c")
-    assert "!$omp simd reduction(+:qk)" in emit("attention_fwd", "online", "fortran")
-    assert "omp simd" not in emit("attention_fwd", "online", "cuda")
+    assert "#pragma omp simd reduction(+:qk)" in emit("attention_fwd", "dnf", "c")
+    assert "!$omp simd reduction(+:qk)" in emit("attention_fwd", "dnf", "fortran")
+    assert "omp simd" not in emit("attention_fwd", "dnf", "cuda")
+
+
+def test_unrolled_rows_share_one_vectorized_loop():
+    """Four query rows of online attention: four sums in one loop, and four rows of O
+    updated in one loop, a whole row apart."""
+    clauses = [simd_clauses(lp) for lp in _loops("attention_fwd", "online") if lp.simd]
+    assert " reduction(+:qk_0, qk_1, qk_2, qk_3)" in clauses
+    pv = [lp for lp in _loops("attention_fwd", "online") if lp.simd
+          and sum(isinstance(s, Store) and s.array == "O" for s in lp.body) == 4]
+    assert pv
 
 
 def test_atomic_updates_and_register_tiles_are_left_alone():
@@ -49,3 +59,6 @@ def test_lanes_that_would_interfere_are_not_vectorized():
     assert _one_loop(Store("y", (I,), x, accumulate="+")).simd  # each lane its own element
     assert not _one_loop(Store("y", (I,), S.Load("y", I - 1))).simd  # the previous lane's
     assert _one_loop(Store("y", (I,), S.Bin("+", y, x))).simd  # its own element only
+    apart = S.Load("y", I + N - 1)  # one loop extent (n - 1) further: another row
+    assert _one_loop(Store("y", (I,), x), Store("y", (I + N - 1,), S.Bin("+", apart, x))).simd
+    assert not _one_loop(Store("y", (I,), x), Store("y", (I + 1,), x)).simd  # lanes overlap

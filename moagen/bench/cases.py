@@ -10,8 +10,19 @@ NO_RESTRICT = "c-norestrict"  # C printed without `restrict` (the c-vs-fortran a
 KERNEL_LANGS = ("c", "fortran", "cuda", NO_RESTRICT)
 
 
-def sizes(kernel: str, n: int) -> dict:
-    """Sizes of a transformer layer's shape, at sequence (or cache) length n."""
+def sizes(kernel: str, n: int, overrides=None) -> dict:
+    """Sizes of a transformer layer's shape, at sequence (or cache) length n; overrides
+    replace the kernel's other sizes of the same names (n is never overridden)."""
+    base = _layer_sizes(kernel, n)
+    bad = {k for k in overrides or {} if k == "n" or not isinstance(overrides[k], int)
+           or overrides[k] < 1}
+    if bad:
+        raise UnknownNameError(f"cannot set {', '.join(sorted(bad))}: give other sizes than n "
+                               "as positive integers (n with --n)")
+    return {k: (overrides or {}).get(k, v) for k, v in base.items()}
+
+
+def _layer_sizes(kernel: str, n: int) -> dict:
     if kernel.startswith("attention_decode"):
         return dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)
     if kernel.startswith("kv_append"):
@@ -45,6 +56,18 @@ def lengths(kernel: str, quick: bool):
     return LENGTHS[family][0 if quick else 1]
 
 
+def targets(items):
+    """KERNEL[:VARIANT] -> [(kernel, variant)], every variant when none is named."""
+    from moagen.kernels import get_kernel
+    out = []
+    for item in items:
+        name, _, variant = item.partition(":")
+        kernel = get_kernel(name)
+        out += [(kernel.name, kernel.variant(variant).name)] if variant else \
+            [(kernel.name, v) for v in kernel.variants]
+    return out
+
+
 def check_impl(lang: str):
     if lang not in KERNEL_LANGS:  # the baselines run next to every language anyway
         raise UnknownNameError(f"unknown language {lang!r}; expected one of {', '.join(KERNEL_LANGS)}")
@@ -75,8 +98,9 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     return placed
 
 
-def kernel_callable(kernel: str, variant: str, lang: str, dtype: str):
-    """A callable(*inputs, out=None, **scalars) for a generated kernel or a baseline."""
+def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=None):
+    """A callable(*inputs, out=None, **scalars) for a generated kernel (params: schedule
+    parameters over the variant's defaults) or a baseline."""
     from moagen import runtime
     from moagen.verify import CHECKS
     if lang in BASELINES:
@@ -84,7 +108,7 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str):
         return lambda *args, out=None, **kw: reference(*args, **kw)
     if lang == NO_RESTRICT:
         return _load_without_restrict(kernel, variant, dtype)
-    return runtime.load(kernel, variant, lang, dtype)
+    return runtime.load(kernel, variant, lang, dtype, params)
 
 
 def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
@@ -98,7 +122,7 @@ def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
 
     onf = onf_of(kernel, variant)
     return render("c/kernel.c.j2", banner=[f"{onf.name} {onf.variant}, printed without restrict"],
-                  functions=[Plain(onf, dtype).function() for dtype in dtypes])
+                  functions=[f for dtype in dtypes for f in Plain(onf, dtype).functions()])
 
 
 def _load_without_restrict(kernel, variant, dtype):

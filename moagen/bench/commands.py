@@ -8,17 +8,42 @@ from moagen.bench.suite import DEFAULT_OUT
 def add_parsers(bench, benchmarks, top):
     """bench: the `bench` parser (the sweep's options); benchmarks: its subcommands;
     top: the top-level subcommands."""
+    from moagen.cli import name_equals_integer
     from moagen.onf.signature import DTYPES
 
     bench.add_argument("--quick", action="store_true", help="a sanity sweep, under a minute")
-    bench.add_argument("--kernels", nargs="+", metavar="KERNEL", help="default: every kernel")
+    bench.add_argument("--kernels", nargs="+", metavar="KERNEL[:VARIANT]",
+                       help="a kernel (every variant) or one variant of it; default: every kernel")
     bench.add_argument("--lang", action="append", metavar="LANG",
                        help="c, fortran, cuda, c-norestrict (repeatable; default c and fortran)")
     bench.add_argument("--threads", type=int, nargs="+", help="default: 1, 2, 4, ... the cores")
     bench.add_argument("--n", type=int, nargs="+", help="lengths (default: per kernel)")
     bench.add_argument("--dtype", choices=DTYPES, default="float64")
+    bench.add_argument("--size", action="append", default=[], type=name_equals_integer,
+                       metavar="NAME=VALUE", help="another size for the kernels that have it "
+                                                  "(heads=8, d=128); repeatable")
     bench.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON-lines file, appended to")
+    from moagen.bench.tune import DEFAULT_FILE
+    bench.add_argument("--tuning", type=Path, default=DEFAULT_FILE,
+                       help="schedule parameters `moagen tune` chose on this machine (default: "
+                            f"{DEFAULT_FILE}, when it exists)")
+    bench.add_argument("--untuned", action="store_true",
+                       help="run every variant with its default schedule parameters")
     bench.set_defaults(run=_run("moagen.bench.suite"))
+
+    p = top.add_parser("tune", help="choose the schedule parameters of kernel variants on this "
+                                    "machine by timing every candidate")
+    p.add_argument("kernels", nargs="+", metavar="KERNEL")
+    p.add_argument("--variant", help="default: every variant with parameters")
+    p.add_argument("--lang", action="append", choices=("c", "fortran"), help="default: c")
+    p.add_argument("--dtype", choices=DTYPES, default="float64")
+    p.add_argument("--n", type=int, help="length (default: the kernel's largest bench length)")
+    p.add_argument("--size", action="append", default=[], type=name_equals_integer,
+                   metavar="NAME=VALUE", help="another size, as for the bench")
+    p.add_argument("--threads", type=int, help="default: OMP_NUM_THREADS, else every core")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=DEFAULT_FILE, help="tuning file, updated")
+    p.set_defaults(run=_run("moagen.bench.tune"))
 
     p = benchmarks.add_parser("memory", help="the extra peak memory of one call of each kernel "
                                              "variant, each in a fresh process, next to the ONF's temps")

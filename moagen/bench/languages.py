@@ -24,18 +24,6 @@ VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
 EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
 
 
-def targets(items):
-    """KERNEL[:VARIANT] -> [(kernel, variant)], every variant when none is named."""
-    from moagen.kernels import get_kernel
-    out = []
-    for item in items or DEFAULT_KERNELS:
-        name, _, variant = item.partition(":")
-        kernel = get_kernel(name)
-        out += [(kernel.name, kernel.variant(variant).name)] if variant else \
-            [(kernel.name, v) for v in kernel.variants]
-    return out
-
-
 def default_length(kernel):
     lengths = cases.lengths(kernel, quick=False)
     return lengths[len(lengths) // 2]
@@ -152,7 +140,7 @@ def figure(rows, path):
 
 
 def main(args):
-    pairs = targets(args.kernels)
+    pairs = cases.targets(args.kernels or DEFAULT_KERNELS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     rows = table(sweep.run(plan(pairs, args.n, args.repeats), results))
     counts = {}

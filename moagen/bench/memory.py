@@ -148,17 +148,11 @@ def to_json(records) -> str:
 
 def main(args):
     """`moagen bench memory`: every name checked before the first (long) run."""
+    from moagen.bench.cases import targets
     from moagen.files import write_text
-    from moagen.kernels import get_kernel
 
     given = {size: getattr(args, size) for size in DEFAULT_SIZES}
-    cases = []
-    for item in args.kernels:
-        name, _, variant = item.partition(":")
-        kernel = get_kernel(name)
-        sizes = sizes_for(name, given)
-        variants = [kernel.variant(variant).name] if variant else list(kernel.variants)
-        cases += [(name, v, sizes) for v in variants]
+    cases = [(name, v, sizes_for(name, given)) for name, v in targets(args.kernels)]
     start = time.perf_counter()
     records = []
     for name, variant, sizes in cases:

@@ -45,7 +45,11 @@ def with_ratios(results):
 
 
 def _impl(r):
-    return r["lang"] if r["lang"] in cases.BASELINES else f"{r['variant']} {r['lang']}"
+    if r["lang"] in cases.BASELINES:
+        return r["lang"]
+    params = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+    chosen = f" ({params}{', tuned' if r.get('tuned') else ''})" if params else ""
+    return f"{r['variant']} {r['lang']}{chosen}"
 
 
 def table(results) -> str:

@@ -20,18 +20,24 @@ def thread_counts(cores: int):
     return counts + [cores]
 
 
-def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, baselines=True):
-    """The jobs, every name checked before anything runs."""
-    from moagen.kernels import KERNELS, get_kernel
+def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, baselines=True,
+         choices=None, sizes=None):
+    """The jobs, every name checked before anything runs. choices: this machine's tuned
+    schedule parameters (moagen.bench.tune); a variant without one runs its defaults.
+    sizes: sizes other than n set for every kernel that has them (heads=8, d=128)."""
+    from moagen.bench.tune import chosen
+    from moagen.kernels import KERNELS
 
-    kernels = [get_kernel(k).name for k in kernels or (QUICK_KERNELS if quick else KERNELS)]
+    variants = {}  # kernel -> its variants to run, in the order given
+    for kernel, variant in cases.targets(kernels or (QUICK_KERNELS if quick else KERNELS)):
+        variants.setdefault(kernel, []).append(variant)
     langs = [cases.check_impl(lang) for lang in langs]
     ours, theirs = [], []
-    for kernel in kernels:
+    for kernel, names in variants.items():
         for n in lengths or cases.lengths(kernel, quick):
-            group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n))
-            ours.append(dict(group, impls=[[lang, v] for lang in langs
-                                           for v in get_kernel(kernel).variants]))
+            group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n, sizes))
+            ours.append(dict(group, impls=[[lang, v, chosen(choices or {}, kernel, v, lang, dtype)]
+                                           for lang in langs for v in names]))
             theirs.append(dict(group, impls=[[b, None] for b in cases.BASELINES]))
     repeats = 3 if quick else 5
     # The roof, our kernels and the baselines each in a process of their own: OpenMP, BLAS
@@ -48,7 +54,9 @@ def main(args):
 
     cores = os.cpu_count()
     threads = args.threads or ([cores] if args.quick else thread_counts(cores))
-    jobs = plan(args.kernels, args.lang or ["c", "fortran"], threads, args.dtype, args.quick, args.n)
+    from moagen.bench.tune import load_choices
+    jobs = plan(args.kernels, args.lang or ["c", "fortran"], threads, args.dtype, args.quick, args.n,
+                choices={} if args.untuned else load_choices(args.tuning), sizes=dict(args.size))
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(jobs, results)
     summary = report.write(args.out, run=results.run_id)

@@ -3,7 +3,7 @@ process start, so the sweep runs one of these per setting. It reads a job (JSON)
 argv and prints one JSON line per measurement (a group's as soon as it has them), and
 nothing else, on stdout.
 
-A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant], ...]}, ...],
+A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant(, params)], ...]}, ...],
         "warmup", "repeats", "roof": bool, "touch": "serial" | "parallel",
         "calls": "one" | "per-batch"}
 Every impl of a group is timed on the same inputs, round-robin.
@@ -25,13 +25,21 @@ def run(job):
         args = cases.inputs(kernel, sizes, dtype, empty=empty)
         scalars = cases.scalars(kernel, sizes)
         calls = []
-        for lang, variant in group["impls"]:
-            fn = cases.kernel_callable(kernel, variant, lang, dtype)
+        for lang, variant, *params in group["impls"]:
+            fn = cases.kernel_callable(kernel, variant, lang, dtype, *params)
             calls.append(_call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one")))
         timed = time_calls(calls, job.get("warmup", 1), job.get("repeats", 5))
-        for (lang, variant), stats in zip(group["impls"], timed):
-            _emit(dict(record="result", kernel=kernel, variant=variant if lang not in cases.BASELINES
-                       else None, lang=lang, dtype=dtype, sizes=sizes, **stats))
+        for (lang, variant, *params), stats in zip(group["impls"], timed):
+            ours = lang not in cases.BASELINES
+            _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
+                       lang=lang, dtype=dtype, sizes=sizes, **stats,
+                       **(_schedule(kernel, variant, *params) if ours else {})))
+
+
+def _schedule(kernel, variant, params=None):
+    """The schedule parameters a result ran with, and whether `moagen tune` chose them."""
+    from moagen.kernels import get_kernel
+    return dict(params=get_kernel(kernel).variant(variant).params(params), tuned=bool(params))
 
 
 def _call(fn, args, out, scalars, calls):

@@ -46,17 +46,26 @@ class CPrinter(Printer):
         out += [f"{self.real} {s}" for s in self.sig.scalars]
         return out
 
-    def function(self):
-        body = []
+    def functions(self):
+        """The kernel's function, and before it a static function per register-tiled nest:
+        gcc 12 has no per-loop `novector`, so a tile's nest opts out of the loop vectorizer
+        (its body is already vector code) in a function of its own, and the other nests
+        keep it."""
+        helpers, body = [], []
+        args = ", ".join(a.name for a in self.sig.arrays) + "".join(
+            f", {s}" for s in list(self.sig.sizes) + list(self.sig.scalars))
         for nest in self.onf.nests:
-            body += [self.indent + line for line in self.comment(self.nest_comment(nest))]
-            body += self.block(nest.body, 1)
-        # gcc 12 has no per-loop `novector`: a function with a register tile opts out of
-        # loop vectorization (its other loops are edges and elementwise passes)
-        tiled = any(isinstance(s, Loop) and s.vector_tile
-                    for n in self.onf.nests for s in walk(n.body))
-        return {"name": self.sig.name, "params": self.params(), "body": body,
-                "attribute": '__attribute__((optimize("no-tree-loop-vectorize")))' if tiled else ""}
+            code = [self.indent + line for line in self.comment(self.nest_comment(nest))]
+            code += self.block(nest.body, 1)
+            if not any(isinstance(s, Loop) and s.vector_tile for s in walk(nest.body)):
+                body += code
+                continue
+            name = f"{self.sig.name}_{nest.label.replace('.', '_')}"
+            helpers.append({"name": name, "params": self.params(), "body": code, "static": True,
+                            "attribute": '__attribute__((optimize("no-tree-loop-vectorize")))'})
+            body.append(f"{self.indent}{name}({args});")
+        return helpers + [{"name": self.sig.name, "params": self.params(), "body": body,
+                           "static": False, "attribute": ""}]
 
     def comment(self, lines):
         return ["/* " + lines[0]] + [" * " + line for line in lines[1:]] + [" */"]
@@ -75,6 +84,9 @@ class CPrinter(Printer):
 
     def let(self, name, value, mutable):
         return f"{'' if mutable else 'const '}{self.real} {name} = {value};"
+
+    def index_let(self, name, value):
+        return f"const int64_t {name} = {value};"
 
     def update(self, name, op, value):
         if op == "=":
@@ -121,5 +133,5 @@ class CPrinter(Printer):
 
 
 def emit_c(onfs_by_dtype, banner):
-    functions = [CPrinter(onf, dtype).function() for dtype, onf in onfs_by_dtype]
+    functions = [f for dtype, onf in onfs_by_dtype for f in CPrinter(onf, dtype).functions()]
     return render("c/kernel.c.j2", banner=banner, functions=functions)

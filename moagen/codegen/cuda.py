@@ -7,6 +7,7 @@ import sympy
 
 from moagen.codegen.c import CPrinter
 from moagen.codegen.printer import render
+from moagen.onf.loops import parallel_chain
 
 THREADS_PER_BLOCK = 128
 
@@ -23,9 +24,7 @@ class CudaPrinter(CPrinter):
         for nest in self.onf.nests:
             chain = []
             if len(nest.body) == 1 and nest.body[0].parallel:
-                chain = [nest.body[0]]
-                for _ in range(chain[0].parallel - 1):
-                    chain.append(chain[-1].body[0])
+                chain = parallel_chain(nest.body[0])
             # a nest with no parallel loops runs on a single thread
             body = self.block(chain[-1].body if chain else nest.body, 1)
             count = self.index(sympy.Mul(*[lp.stop - lp.start for lp in chain]))

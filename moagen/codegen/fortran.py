@@ -7,7 +7,7 @@ from sympy.printing.fortran import FCodePrinter
 
 from moagen.codegen.printer import Printer, render
 from moagen.errors import ScheduleError, SpecError
-from moagen.onf.loops import Loop
+from moagen.onf.loops import Loop, parallel_chain, walk
 from moagen.onf.simd import simd_clauses
 
 KIND = {"float64": "c_double", "float32": "c_float"}
@@ -49,7 +49,8 @@ class FortranPrinter(Printer):
             intent = {"in": "in", "inout": "inout"}.get(a.intent, "out")
             size = " * ".join(self.index(d) for d in a.shape)
             arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
-        loop_vars = self.loop_vars_in([s for n in self.onf.nests for s in n.body])
+        stmts = [s for n in self.onf.nests for s in n.body]
+        loop_vars = self.loop_vars_in(stmts) + self.quotients_in(stmts)
         locals_ = self.locals_in([s for n in self.onf.nests for s in n.body])
         return {
             "name": sig.name,
@@ -64,6 +65,10 @@ class FortranPrinter(Printer):
             "body": body,
         }
 
+    def quotients_in(self, stmts):
+        """The indices hoisted before the vectorized loops in stmts (Printer.hoisted)."""
+        return [name for s in walk(stmts) for name in self.quotients.get(id(s), {}).values()]
+
     # ---- statements -------------------------------------------------------------------
     def loop(self, loop: Loop, depth):
         pad = self.indent * depth
@@ -74,16 +79,18 @@ class FortranPrinter(Printer):
             mark.append(f"{pad}!$omp simd{simd_clauses(loop)}")
         if not loop.parallel:
             return mark + [pad + head] + self.block(loop.body, depth + 1) + [pad + "end do"]
-        inner = loop
-        for _ in range(loop.parallel - 1):
-            inner = inner.body[0]
-        private = self.loop_vars_in(inner.body) + self.locals_in(inner.body)
+        inner = parallel_chain(loop)[-1]
+        private = (self.loop_vars_in(inner.body) + self.quotients_in(inner.body)
+                   + self.locals_in(inner.body))
         clause = f" private({', '.join(private)})" if private else ""
         return ([f"{pad}!$omp parallel do collapse({loop.parallel}) schedule(static){clause}",
                  pad + head] + self.block(loop.body, depth + 1)
                 + [pad + "end do", f"{pad}!$omp end parallel do"])
 
     def let(self, name, value, mutable):
+        return f"{name} = {value}"
+
+    def index_let(self, name, value):
         return f"{name} = {value}"
 
     def update(self, name, op, value):

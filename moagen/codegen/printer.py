@@ -1,6 +1,7 @@
 """What every backend shares: walking an ONF's statements and printing expressions with the
 right precedence. A backend implements the hooks (loop, parallel loop, let, update, store,
 literals, function names) and a Jinja2 template holds its file skeleton."""
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -9,7 +10,10 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.dnf import PRECEDENCE
-from moagen.onf.loops import Let, Loop, ONF, Store, Update, walk
+from moagen.moa.expr import idiv
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, map_stmt_exprs, parallel_chain,
+                              stmt_exprs, walk)
+from moagen.onf.schedule import kernel_names
 from moagen.onf.signature import DTYPE_SUFFIX, ArrayParam, Signature
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -49,13 +53,16 @@ class Printer:
         self.dtype = dtype
         self.sig = signature(onf, dtype)
         self.updated = {n for nest in onf.nests for n in updated_names(nest.body)}
+        self.quotients = _invariant_quotients(onf)
 
     # ---- statements -------------------------------------------------------------------
     def block(self, stmts, depth):
         lines = []
         for s in stmts:
             pad = self.indent * depth
-            if isinstance(s, Loop):
+            if isinstance(s, Loop) and id(s) in self.quotients:
+                lines += self.hoisted(s, depth)
+            elif isinstance(s, Loop):
                 lines += self.loop(s, depth)
             elif isinstance(s, Let):
                 lines.append(pad + self.let(s.name, self.expr(s.value), s.name in self.updated))
@@ -66,7 +73,20 @@ class Printer:
                     s.array, self.index(s.index[0]), self.expr(s.value), s.accumulate, s.atomic)]
         return lines
 
+    def hoisted(self, loop: Loop, depth) -> list:
+        """A loop after the integer divisions in the vectorized loops inside it that its
+        iterations do not change, each computed once into an index of its own."""
+        quotients = self.quotients[id(loop)]
+        pad = self.indent * depth
+        lines = [pad + self.index_let(name, self.index(q)) for q, name in quotients.items()]
+        names = {q: sympy.Symbol(name, integer=True) for q, name in quotients.items()}
+        at = lambda e: sympy.sympify(e).xreplace(names)
+        return lines + self.loop(_replace_offsets(loop, at), depth)
+
     def loop(self, loop: Loop, depth) -> list:
+        raise NotImplementedError
+
+    def index_let(self, name, value) -> str:
         raise NotImplementedError
 
     def let(self, name, value, mutable) -> str:
@@ -149,6 +169,67 @@ class Printer:
 
     def loop_vars_in(self, stmts):
         return list(dict.fromkeys(s.var.name for s in walk(stmts) if isinstance(s, Loop)))
+
+
+def _invariant_quotients(onf: ONF) -> dict:
+    """id(loop) -> {quotient: name}: the integer divisions in the offsets of simd loops,
+    each to be computed before the outermost loop around it whose iterations do not change
+    it (a collapsed parallel chain counts as one loop). Compilers keep such a division
+    inside the loop (it could trap when the loop runs no iteration) and cannot vectorize
+    64-bit division: the loop would stay scalar, and pay a division per element."""
+    names = kernel_names(onf)
+    out, collapsed = {}, set()  # collapsed: loops of a parallel chain after its first
+
+    def visit(stmts, path):
+        for loop in stmts:
+            if isinstance(loop, Loop) and loop.parallel > 1:
+                collapsed.update(id(lp) for lp in parallel_chain(loop)[1:])
+            if not isinstance(loop, Loop):
+                continue
+            if not loop.simd:
+                visit(loop.body, path + [loop])
+                continue
+            for q in _outer_quotients(loop):
+                place = loop
+                for outer in reversed(path):
+                    if outer.var in q.free_symbols:
+                        break
+                    if id(outer) not in collapsed:
+                        place = outer
+                out.setdefault(id(place), {})
+                if q not in out[id(place)]:
+                    out[id(place)][q] = names.claim(names.new("quot"))
+
+    for nest in onf.nests:
+        visit(nest.body, [])
+    return out
+
+
+def _outer_quotients(loop):
+    offsets = [st.index[0] for st in walk(loop.body) if isinstance(st, Store)]
+    offsets += [e.offset for st in walk(loop.body) for x in stmt_exprs(st)
+                for e in S.subexpressions(x) if isinstance(e, S.Load)]
+    found = [q for off in offsets for q in sympy.sympify(off).atoms(idiv)  # by a size:
+             if loop.var not in q.free_symbols and not q.args[1].is_Number]  # by 8 vectorizes
+    return list(dict.fromkeys(q for q in found  # a division inside another goes with it
+                              if not any(q != other and other.has(q) for other in found)))
+
+
+def _replace_offsets(loop, fn):
+    """loop with fn applied to every store and load offset inside it."""
+    def stmt(st):
+        if isinstance(st, Loop):
+            return replace(st, body=tuple(stmt(b) for b in st.body))
+        st = map_stmt_exprs(st, lambda e: _map_offsets(e, fn))
+        return replace(st, index=tuple(fn(i) for i in st.index)) if isinstance(st, Store) else st
+    return stmt(loop)
+
+
+def _map_offsets(e, fn):
+    """e with fn applied to every load offset."""
+    if isinstance(e, S.Load):
+        return S.Load(e.array, fn(e.offset))
+    return S.map_children(e, lambda c: _map_offsets(c, fn))
 
 
 @lru_cache(maxsize=None)

@@ -237,6 +237,14 @@ def _tile_lane(offset, loops: Bounds):
         tiles, count = sympy.fraction(sympy.together(stop))
         if start != 0 or not count.is_Integer or count < 2:
             continue
+        merged = sympy.Symbol(f"{v}_lanes", integer=True)
+        merged_loops = tuple((w, s, e) if w != v else (merged, sympy.Integer(0), tiles)
+                             for w, s, e in loops)
+        divided = _lane_in_division(offset, v, count)
+        if divided:  # the query heads of an unrolled group: idiv(4*h_tile + u, group)
+            quotient, lane = divided
+            return (offset.xreplace({quotient: idiv(merged, quotient.args[1])}), merged_loops,
+                    lane, int(count))
         step = sympy.expand(sympy.diff(offset, v))
         if step == 0 or step.free_symbols & {w for w, _, _ in loops}:
             continue
@@ -248,10 +256,19 @@ def _tile_lane(offset, loops: Bounds):
                    sympy.Integer(0))
         if not (lane / stride).is_Integer or not 0 <= lane / stride < count:
             continue
-        merged = sympy.Symbol(f"{v}_lanes", integer=True)
-        return (rest - lane + stride * merged,
-                tuple((w, s, e) if w != v else (merged, sympy.Integer(0), tiles)
-                      for w, s, e in loops), int(lane / stride), int(count))
+        return rest - lane + stride * merged, merged_loops, int(lane / stride), int(count)
+    return None
+
+
+def _lane_in_division(offset, v, count):
+    """(idiv(count*v + u, G), u) when v enters the offset only there, with 0 <= u < count;
+    or None."""
+    for quotient in offset.atoms(idiv):
+        numerator = sympy.expand(quotient.args[0])
+        lane = numerator - count * v
+        if (sympy.expand(numerator).coeff(v) == count and lane.is_Integer and 0 <= lane < count
+                and v not in offset.xreplace({quotient: sympy.Integer(0)}).free_symbols):
+            return quotient, int(lane)
     return None
 
 

@@ -1,12 +1,17 @@
 """The kernel registry: each kernel is a MoA spec plus named variants, a variant being what
-it materializes and its schedule; or a composite of registered kernels (the block)."""
-from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Optional, Tuple
+it materializes and its schedule; or a composite of registered kernels (the block).
+
+A variant's schedule may have parameters (tile sizes, rows unrolled together): the module
+gives a Tunable, whose defaults are what generated/ holds and whose space is what
+`moagen tune` searches on a machine."""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from moagen.errors import UnknownNameError
 from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd, block,
                             kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.compose import Composite, compose
+from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 
 
@@ -14,7 +19,23 @@ from moagen.moa.spec import KernelSpec
 class Variant:
     name: str
     materialize: FrozenSet[str]
-    schedule: Tuple
+    build: Callable[..., Tuple]
+    defaults: Mapping[str, int] = field(default_factory=dict)
+    space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
+
+    def params(self, chosen=None) -> Dict[str, int]:
+        """The defaults with `chosen` (a mapping or pairs) over them; unknown names are
+        an error."""
+        chosen = dict(chosen or {})
+        unknown = set(chosen) - set(self.defaults)
+        if unknown:
+            raise UnknownNameError(f"variant {self.name} has no schedule parameter "
+                                   f"{', '.join(sorted(unknown))}; its parameters: "
+                                   f"{', '.join(self.defaults) or '(none)'}")
+        return {**self.defaults, **chosen}
+
+    def schedule(self, params=None) -> Tuple:
+        return self.build(**self.params(params))
 
 
 class _Variants:
@@ -48,10 +69,10 @@ class Kernel(_Variants):
         from moagen.moa.dnf import psi_reduce
         return psi_reduce(self.spec, self.variant(variant).materialize)
 
-    def onf(self, variant=None, layout="row"):
+    def onf(self, variant=None, layout="row", params=None):
         from moagen.onf.realize import realize
         v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.schedule, layout)
+        return realize(self.dnf(variant), v.name, v.schedule(params), layout)
 
 
 @dataclass(frozen=True)
@@ -67,11 +88,11 @@ class CompositeKernel(_Variants):
 
     @property
     def variants(self):
-        return {"composed": Variant("composed", frozenset(), ())}
+        return {"composed": Variant("composed", frozenset(), lambda: ())}
 
-    def onf(self, variant=None, layout="row"):
+    def onf(self, variant=None, layout="row", params=None):
         from moagen.codegen.emit import onf_of
-        self.variant(variant)
+        self.variant(variant).params(params)  # a composite has none
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
         return compose(self.composite, onf_of)
@@ -80,8 +101,16 @@ class CompositeKernel(_Variants):
 def _kernel(spec, variants, validate=None):
     if isinstance(spec, Composite):
         return CompositeKernel(spec, validate)
-    return Kernel(spec, {name: Variant(name, materialize, schedule)
-                         for name, (materialize, schedule) in variants.items()}, validate)
+    return Kernel(spec, {name: _variant(name, entry) for name, entry in variants.items()},
+                  validate)
+
+
+def _variant(name, entry):
+    if isinstance(entry, Tunable):
+        return Variant(name, entry.materialize, entry.build, dict(entry.defaults),
+                       dict(entry.space))
+    materialize, schedule = entry
+    return Variant(name, materialize, lambda: schedule)
 
 
 # each kernel module lists its (spec, variants[, validate]) tuples; a composite's variants

@@ -2,12 +2,14 @@
 subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyTorch's
 is_causal). Written once; the variants differ only in what they materialize and in their
 schedule."""
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel, Split
+from moagen.onf.unroll import rows_together
 
 Q = array("Q", "batch", "heads", "n", "d")
 K = array("K", "batch", "heads", "n", "d")
@@ -48,6 +50,17 @@ def spec(causal: bool) -> KernelSpec:
 
 ROWS = ("b", "h", "i")
 KEY_BLOCK = 64
+
+
+def _online(rows):
+    """One pass over the keys, in blocks, with a running max and sum rescaling the output;
+    `rows` query rows walk the keys together (each key and value row loaded once for all)."""
+    return (Accumulate("c", over="j", nest="O"),
+            FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
+            OnlineSoftmax("rows"), Split("j", KEY_BLOCK, nest="rows"),
+            *rows_together("rows", ROWS, rows))
+
+
 VARIANTS = {
     # the standard implementation: the n x n scores and probabilities live in memory
     "naive": (frozenset({"scores", "probs"}), (Hoist(), Parallel(ROWS))),
@@ -56,11 +69,8 @@ VARIANTS = {
     "dnf": (frozenset(), (Accumulate("c", over="j", nest="O"),
                           FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
                           Parallel(ROWS))),
-    # one pass over the keys, in blocks, with a running max and sum rescaling the output
-    "online": (frozenset(), (Accumulate("c", over="j", nest="O"),
-                             FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
-                             OnlineSoftmax("rows"), Split("j", KEY_BLOCK, nest="rows"),
-                             Parallel(ROWS))),
+    "online": Tunable(frozenset(), _online, defaults={"rows": 4},
+                      space={"rows": (1, 2, 4, 6, 8)}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -6,12 +6,14 @@ KV head h // (q_heads / kv_heads), by indexing, so the cache is read once per gr
 kv_heads = 1. The query is the newest position, so it sees every valid row: decode is
 causal by construction.
 """
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.splitkeys import SplitKeys
+from moagen.onf.unroll import rows_together
 
 Q = array("q", "batch", "q_heads", "d")
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
@@ -56,16 +58,28 @@ HEADS = ("b", "h")
 KEY_SPLITS = 16  # slices of the cache per query row: enough for every core of a node
 ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, name="heads"),
        Hoist())
+
+
+def _online(heads):
+    """One pass, running max and sum; `heads` consecutive query heads together (in a group
+    they read the same KV rows: once)."""
+    return ROW + (OnlineSoftmax("heads"), *rows_together("heads", HEADS, heads))
+
+
+def _split(heads):
+    """The valid rows cut into slices run in parallel, merged by their logsumexp."""
+    return ROW + (OnlineSoftmax("heads"),
+                  SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS),
+                  *rows_together("heads.partial", HEADS + ("s",), heads, loop="h"),
+                  Parallel(HEADS, nest="heads.merge"))
+
+
+HEAD_SPACE = {"heads": (1, 2, 4, 8)}
 VARIANTS = {
     # three passes over the valid rows (max, sum, weighted sum)
     "dnf": (frozenset(), ROW + (Parallel(HEADS),)),
-    # one pass, running max and sum
-    "online": (frozenset(), ROW + (OnlineSoftmax("heads"), Parallel(HEADS))),
-    # the valid rows cut into slices run in parallel, merged by their logsumexp
-    "split": (frozenset(), ROW + (OnlineSoftmax("heads"),
-                                  SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS),
-                                  Parallel(HEADS + ("s",), nest="heads.partial"),
-                                  Parallel(HEADS, nest="heads.merge"))),
+    "online": Tunable(frozenset(), _online, defaults={"heads": 4}, space=HEAD_SPACE),
+    "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

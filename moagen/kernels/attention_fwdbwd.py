@@ -4,16 +4,20 @@ stored. Two ONFs of the same DNF:
 
 - atomic: parallel over (batch, head, query row); every row adds its share to every key
   row of dK and dV, so those updates are atomic (the paper's measured regression);
-- owner: the forward and delta per query row; then dK and dV parallel over key rows, each
-  thread owning its rows (no atomics); then dQ in a second pass over query rows. No
-  atomics at all, so the result does not depend on thread timing.
+- owner: the forward (one pass, online softmax) and delta per query row; then dK and dV
+  parallel over key rows, each thread owning its rows (no atomics); then dQ in a second
+  pass over query rows. No atomics at all, so the result does not depend on thread
+  timing. Each pass walks the other side with a few rows at once (UnrollJam).
 """
 from moagen.kernels.attention import K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
+from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.unroll import rows_together
 
 
 def _one_head(q, k, v, do, causal):
@@ -39,6 +43,21 @@ def spec(causal: bool) -> KernelSpec:
 
 
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
+
+
+def _owner(rows):
+    """The forward in one pass over the keys (online softmax); in each of the three nests
+    `rows` query (or key) rows walk the other side together."""
+    steps = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+             Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
+             FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
+             FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
+             Hoist(), OnlineSoftmax("forward"))
+    for nest, parallel in (("forward", QUERY_ROWS), ("dQ", QUERY_ROWS), ("keys", KEY_ROWS)):
+        steps += rows_together(nest, parallel, rows)
+    return steps
+
+
 VARIANTS = {
     "atomic": (frozenset(), (
         Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
@@ -47,14 +66,8 @@ VARIANTS = {
         Hoist(),
         Parallel(QUERY_ROWS, nest="rows"),
         Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero"))),
-    "owner": (frozenset({"delta"}), (
-        Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
-        Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
-        FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
-        FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
-        Hoist(),
-        Parallel(QUERY_ROWS, nest="forward"), Parallel(KEY_ROWS, nest="keys"),
-        Parallel(QUERY_ROWS, nest="dQ"))),
+    "owner": Tunable(frozenset({"delta"}), _owner, defaults={"rows": 4},
+                     space={"rows": (1, 2, 4, 8)}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

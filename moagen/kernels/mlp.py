@@ -12,6 +12,7 @@ tiled in the `tiled` variants; the weight gradients are sums over all rows compu
 whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
 runs over the rows in one fixed order.
 """
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, exp, inner, lift, named, psi, reduce, silu, transpose
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Hoist, Parallel
@@ -105,13 +106,13 @@ def _plain(nests):
     return tuple(steps)
 
 
-def _tiled(nests, mr, nr):
-    """Every contraction register tiled, row products parallel over (batch, row tile),
-    weight gradients over the weight's row tiles; the rest as in _plain."""
+def _tiled(nests, mr, nr, row_block):
+    """Every contraction register tiled, row products parallel over (batch, row block),
+    weight gradients over the weight's column tiles; the rest as in _plain."""
     steps = []
     for label, cols in nests["rows"].items():
-        steps += [RegisterTile(label, "i", cols, mr, nr, row_block=ROW_BLOCK),
-                  Parallel(("b", "i_blk"), nest=label),
+        steps += [RegisterTile(label, "i", cols, mr, nr, row_block=row_block),
+                  Parallel(("b", "i_blk" if row_block else f"{cols}_tile"), nest=label),
                   Parallel(ROWS, nest=f"{label}.edge")]
     for label, (rows, cols) in nests["weights"].items():
         steps += [RegisterTile(label, rows, cols, mr, nr),
@@ -123,16 +124,24 @@ def _tiled(nests, mr, nr):
     return tuple(steps)
 
 
-ROW_BLOCK = 96  # 96 rows of a 512-wide operand: 384 KiB, held in a 1 MiB L2
-MR, NR = 6, 8  # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64)
+# a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64); 96 rows of a
+# 512-wide operand: 384 KiB, held in a 1 MiB L2
+TILE_DEFAULTS = {"mr": 6, "nr": 8, "row_block": 96}
+TILE_SPACE = {"mr": (4, 6, 8), "nr": (8, 16), "row_block": (0, 96)}
+
+
+def _tunable(temps, nests):
+    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE)
+
+
 FORWARD_VARIANTS = {
     # dot products along the model axis, as plain triple loops
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
-    "tiled": (FORWARD_TEMPS, _tiled(FORWARD, MR, NR)),
+    "tiled": _tunable(FORWARD_TEMPS, FORWARD),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
-    "tiled": (BACKWARD_TEMPS, _tiled(BACKWARD, MR, NR)),
+    "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
 }
 
 KERNELS = [(forward_spec(), FORWARD_VARIANTS), (backward_spec(), BACKWARD_VARIANTS)]

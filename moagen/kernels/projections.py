@@ -11,11 +11,13 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
 Every product is register tiled (moagen.onf.tiling); a weight that would be read across
 its rows is first stored transposed, once, so that every tile reads contiguous rows.
 """
-from moagen.kernels.mlp import MR, NR
+from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.schedule import Parallel, Reorder
 from moagen.onf.tiling import RegisterTile
+
+MR, NR = TILE_DEFAULTS["mr"], TILE_DEFAULTS["nr"]
 
 X = array("X", "batch", "n", "dm")
 R = array("R", "batch", "n", "dm")

@@ -5,11 +5,13 @@
               dx = r * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dz * xhat
 
 The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r."""
+from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.partials import PartialSums
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.unroll import rows_together
 
 X = array("x", "batch", "n", "d")
 WEIGHT = array("weight", "d")
@@ -60,17 +62,22 @@ def positive_eps(kernel):
 
 
 ROW_NESTS = (Parallel(ROWS, nest="z"), Parallel(ROWS, nest="inv_rms"))
+ROW_SPACE = {"rows": (1, 2, 4)}
 FORWARD_VARIANTS = {
     # as a framework does it: the statistic is a pass of its own, then a second pass scales
     "naive": (frozenset(), (Hoist(),) + ROW_NESTS),
     # one pass per row: the statistic is stored and used while the row is in cache
-    "dnf": (frozenset(), (FuseNests(("inv_rms", "z"), over=ROWS, name="rows"), Hoist(),
-                          Parallel(ROWS))),
+    # (rows > 1: a few rows at a time, their sums of squares independent chains of adds)
+    "dnf": Tunable(frozenset(), lambda rows: (FuseNests(("inv_rms", "z"), over=ROWS, name="rows"),
+                                              Hoist(), *rows_together("rows", ROWS, rows)),
+                   defaults={"rows": 1}, space=ROW_SPACE),
 }
 PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on the threads
 BACKWARD_VARIANTS = {
-    "dnf": (frozenset(), (PartialSums("dweight", "i", PARTS), Hoist(), Parallel(ROWS, nest="dx"),
-                          Parallel(("p",), nest="dweight.partial"))),
+    "dnf": Tunable(frozenset(), lambda rows: (PartialSums("dweight", "i", PARTS), Hoist(),
+                                              *rows_together("dx", ROWS, rows),
+                                              Parallel(("p",), nest="dweight.partial")),
+                   defaults={"rows": 1}, space=ROW_SPACE),
 }
 
 # the forward's scaling alone, from a kept statistic: how a backward recomputes x / r

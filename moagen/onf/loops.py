@@ -136,6 +136,14 @@ def perfect_chain(stmts, count):
     return chain if len(chain) == count else None
 
 
+def parallel_chain(loop):
+    """A parallel loop and the loops collapsed with it, outermost first."""
+    chain = [loop]
+    while len(chain) < loop.parallel:
+        chain.append(chain[-1].body[0])
+    return chain
+
+
 def enclose(loops, body):
     """body (a tuple of statements) inside copies of the given loops, outermost first."""
     for lp in reversed(loops):

@@ -10,12 +10,14 @@ tolerances.
 
 A loop is marked only where the lanes cannot interfere: it is innermost, not a register
 tile's sum (already vector code), every store in it (plain or accumulating, not atomic) is
-indexed by the loop variable with no other access to that array at another offset, and
+indexed by the loop variable, every read of a stored array is at an offset stored in the
+loop, stores to one array a whole number of the loop's extents apart, and
 the outer locals it changes are accumulated with + or max. That a C function holding a
 register tile opts out of the loop vectorizer leaves these loops vectorized: `omp simd`
 asks for it loop by loop.
 """
 from dataclasses import replace
+from itertools import combinations
 
 import sympy
 
@@ -58,11 +60,25 @@ def _vectorizable(loop: Loop) -> bool:
     if set(simd_reductions(loop)) - {"+", "max"}:
         return False  # an assignment to an outer local (a running max) depends on order
     stores = [s for s in loop.body if isinstance(s, Store)]
+    stored = {}
     for st in stores:
         if st.atomic or loop.var not in sympy.sympify(st.index[0]).free_symbols:
             return False  # every lane would update the same element
+        stored.setdefault(st.array, set()).add(st.index[0])
+    for array, offsets in stored.items():
         reads = {e.offset for b in loop.body for x in stmt_exprs(b)
-                 for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == st.array}
-        if reads - {st.index[0]}:
+                 for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == array}
+        if reads - offsets:
             return False  # another iteration's element: the lanes would see stale values
+        if not all(_apart(a, b, loop) for a, b in combinations(offsets, 2)):
+            return False
     return True
+
+
+def _apart(a, b, loop) -> bool:
+    """Whether two stores' ranges over the loop cannot meet: both step by one element per
+    iteration, a whole nonzero number of loop extents apart (the rows of unrolled copies)."""
+    if sympy.diff(a, loop.var) != 1 or sympy.diff(b, loop.var) != 1:
+        return False
+    apart = sympy.simplify((a - b) / (loop.stop - loop.start))
+    return bool(apart.is_integer) and apart != 0

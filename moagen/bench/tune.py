@@ -1,0 +1,135 @@
+"""`moagen tune`: a variant's schedule parameters (tile sizes, rows or heads unrolled
+together) chosen on this machine by a small search. Every candidate in the variant's space
+(the product of its parameters' values) is built, verified against the references at sizes
+that cut its tiles, and timed on the same inputs, round-robin (moagen.bench.timing); the
+smallest median wins. The choice, every candidate's time,
+the sizes, threads and machine go to a tuning file; `moagen bench` runs each variant with
+this machine's choice and records the parameters it ran with in every result."""
+import itertools
+import json
+import os
+from pathlib import Path
+
+from moagen.bench import cases
+from moagen.bench.machine import cpu_model
+from moagen.errors import MoagenError
+
+DEFAULT_FILE = Path("bench-results/tuning.json")
+
+
+def machine_key() -> str:
+    """Choices hold for one machine: its host name and CPU."""
+    import platform
+    return f"{platform.node()} / {cpu_model()}"
+
+
+def candidates(variant) -> list:
+    names = list(variant.space)
+    return [dict(zip(names, values))
+            for values in itertools.product(*(variant.space[n] for n in names))]
+
+
+def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: int = 5,
+           overrides=None) -> dict:
+    """Time every candidate of one variant at the sizes of length n (overrides: other sizes,
+    as the bench's --size); the record of it."""
+    from moagen.bench.timing import time_calls
+    from moagen.kernels import get_kernel
+
+    v = get_kernel(kernel).variant(variant)
+    if not v.space:
+        raise MoagenError(f"{kernel} {variant} has no schedule parameters to tune")
+    tried = candidates(v)
+    for params in tried:
+        verify(kernel, variant, lang, dtype, params)
+    sizes = cases.sizes(kernel, n, overrides)
+    args, scalars = cases.inputs(kernel, sizes, dtype), cases.scalars(kernel, sizes)
+    calls = []
+    for params in tried:
+        fn = cases.kernel_callable(kernel, variant, lang, dtype, params)
+        out = cases.outputs(fn, sizes)
+        calls.append(lambda fn=fn, out=out: fn(*args, out=out, **scalars))
+    stats = time_calls(calls, warmup=1, repeats=repeats)
+    times = [dict(params=p, median_s=s["median_s"], q1_s=s["q1_s"], q3_s=s["q3_s"])
+             for p, s in zip(tried, stats)]
+    best = min(times, key=lambda t: t["median_s"])
+    return dict(kernel=kernel, variant=variant, lang=lang, dtype=dtype, sizes=sizes,
+                threads=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
+                params=best["params"], defaults=dict(v.defaults), candidates=times)
+
+
+def verify(kernel, variant, lang, dtype, params):
+    """A candidate is timed only once it matches the references at every verification size
+    (sizes that cut its tiles)."""
+    from moagen import runtime
+    from moagen.verify import CHECKS, check_case, format_row
+
+    load = lambda k, v, l, d: runtime.load(k, v, l, d, params)
+    for sizes in CHECKS[kernel].sizes:
+        row = check_case(kernel, variant, lang, dtype, sizes, load)
+        if row.failed:
+            raise MoagenError(f"{kernel} {variant} with {_format(params)} does not match its "
+                              f"references:\n{format_row(row)}")
+
+
+def _key(kernel, variant, lang, dtype):
+    return f"{kernel}:{variant}:{lang}:{dtype}"
+
+
+def load_choices(path=DEFAULT_FILE) -> dict:
+    """This machine's choices in a tuning file ({} when there is none)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        machines = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise MoagenError(f"cannot read the tuning file {path}: {error}") from error
+    return machines.get(machine_key(), {})
+
+
+def chosen(choices: dict, kernel, variant, lang, dtype):
+    """The parameters tuned for this kernel variant, or None (the defaults)."""
+    record = choices.get(_key(kernel, variant, lang, dtype))
+    return record["params"] if record else None
+
+
+def save(records, path=DEFAULT_FILE):
+    """Add the records to this machine's choices (other machines' are kept)."""
+    path = Path(path)
+    machines = json.loads(path.read_text()) if path.exists() else {}
+    mine = machines.setdefault(machine_key(), {})
+    for r in records:
+        mine[_key(r["kernel"], r["variant"], r["lang"], r["dtype"])] = r
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
+
+
+def main(args):
+    from moagen.kernels import get_kernel
+
+    if args.threads:  # read by OpenMP when the first kernel loads, below
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    targets = [(k.name, name) for k in map(get_kernel, args.kernels)
+               for name, v in k.variants.items() if v.space
+               and (args.variant is None or name == args.variant)]
+    if not targets:
+        raise MoagenError("nothing to tune: none of these variants has schedule parameters")
+    records = []
+    for kernel, variant in targets:
+        for lang in args.lang or ["c"]:
+            n = args.n or cases.lengths(kernel, quick=False)[-1]
+            r = search(kernel, variant, lang, args.dtype, n, args.repeats, dict(args.size))
+            records.append(r)
+            print(f"{kernel} {variant} {lang} {args.dtype} n={n} threads={r['threads']}")
+            for t in sorted(r["candidates"], key=lambda t: t["median_s"]):
+                mark = " <- chosen" if t["params"] == r["params"] else ""
+                default = " (default)" if t["params"] == r["defaults"] else ""
+                print(f"  {_format(t['params']):<32} {t['median_s'] * 1e3:9.3f} ms{default}{mark}")
+    save(records, args.out)
+    print(f"choices for {machine_key()} written to {args.out}")
+    return 0
+
+
+def _format(params):
+    return " ".join(f"{k}={v}" for k, v in params.items())

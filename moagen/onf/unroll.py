@@ -1,0 +1,143 @@
+"""Unroll and jam: several iterations of an outer loop share one pass of the loops inside.
+
+    for i: B(i)      ->   tiles  for i_tile in [0, n // f):  jam(B(f*i_tile), .., B(f*i_tile + f-1))
+                          edge   for i in [f * (n // f), n): B(i)
+
+jam interleaves the f copies statement by statement: a loop in B becomes one loop whose
+body is the copies' bodies jammed, every other statement is repeated once per copy, each
+copy with locals of its own. In attention, f query rows then walk the keys together: each
+key row and value row is loaded once for f rows, and the f dot products are f independent
+sums instead of one long chain of dependent adds. In decode, f query heads of a group read
+their shared KV rows once.
+
+Legal when the iterations of i are independent: every array B stores is indexed by i at one
+position, in every store and every read of it (the locals are B's own: i is one of the
+perfectly nested loops a nest starts with). Jamming then only interleaves statements of
+different iterations, which touch different elements. The loops inside B may not depend on
+i: the copies share them."""
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa import scalar as S
+from moagen.moa.expr import idiv
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest,
+                              map_stmt_exprs, stmt_exprs, walk)
+from moagen.onf.names import Names
+from moagen.onf.reductions import lower_reductions
+from moagen.onf.schedule import Parallel, kernel_names
+
+
+@dataclass(frozen=True)
+class UnrollJam:
+    nest: str
+    loop: str
+    factor: int
+
+    def __str__(self):
+        return f"unroll_jam({self.nest}, {self.loop}, {self.factor})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.factor < 2:
+            raise ScheduleError(f"{self}: the factor must be at least 2")
+        # the copies' sums must already be loops, to be jammed into one
+        onf = lower_reductions(onf)
+        nest = find_nest(onf, self.nest, self)
+        edge_label = f"{nest.label}.edge"
+        if any(n.label == edge_label for n in onf.nests):
+            raise ScheduleError(f"{self}: {onf.name} already has a nest {edge_label}")
+        outer, loop = self._find(nest.body)
+        _check_independent(self, loop)
+
+        names = kernel_names(onf)
+        # a loop variable may repeat another nest's, never a local's or one of its own nest
+        in_nest = {s.var.name for s in walk(nest.body) if isinstance(s, Loop)}
+        tile_name = Names(names.fixed | names.locals | in_nest).new(f"{self.loop}_tile")
+        tile = sympy.Symbol(names.claim(tile_name), integer=True)
+        copies = [_copy(loop.body, loop.var, self.factor * tile + u, u, names)
+                  for u in range(self.factor)]
+        full = idiv(loop.stop, self.factor)
+        tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full, _jam(self, copies)),))
+        edge = enclose(outer, (replace(loop, start=self.factor * full),))
+        nests = []
+        for n in onf.nests:
+            nests += [replace(n, body=tiles), Nest(n.target, edge, n.origin, edge_label)] \
+                if n is nest else [n]
+        return onf.with_nests(nests, str(self))
+
+    def _find(self, stmts):
+        """(the loops around the unrolled one, outermost first; the loop)."""
+        chain, _ = loop_nest(stmts)
+        names = [lp.var.name for lp in chain]
+        if self.loop not in names:
+            raise ScheduleError(f"{self}: nest {self.nest} does not start with perfectly nested "
+                                f"loops down to one over {self.loop}")
+        loop = chain[names.index(self.loop)]
+        if loop.start != 0 or any(lp.parallel for lp in chain):
+            raise ScheduleError(f"{self}: the loop over {self.loop} must start at 0, and be "
+                                "unrolled before any loop is made parallel")
+        return chain[:names.index(self.loop)], loop
+
+
+def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = None) -> Tuple:
+    """The steps that run the loops `parallel` of a nest in parallel with `rows` iterations
+    of one of them (`loop`, by default the last) unrolled and jammed, and its edge nest
+    parallel as the nest was; rows = 1: the loops in parallel, as they are."""
+    if rows == 1:
+        return (Parallel(parallel, nest=nest),)
+    loop = loop or parallel[-1]
+    tiled = tuple(f"{v}_tile" if v == loop else v for v in parallel)
+    return (UnrollJam(nest, loop, rows), Parallel(tiled, nest=nest),
+            Parallel(parallel, nest=f"{nest}.edge"))
+
+
+def _copy(stmts, var, value, u, names):
+    """stmts for var = value, every local they declare renamed for copy u."""
+    rename = {}
+    for s in walk(stmts):
+        if isinstance(s, Let) and s.name not in rename:
+            rename[s.name] = names.claim(names.new(f"{s.name}_{u}"))
+            names.locals.add(rename[s.name])
+    at = {var: value}
+
+    def copy(s):
+        if isinstance(s, Loop):
+            return replace(s, start=s.start.xreplace(at), stop=s.stop.xreplace(at),
+                           body=tuple(copy(b) for b in s.body))
+        s = map_stmt_exprs(s, lambda e: S.rename_locals(S.subs(e, at), rename))
+        if isinstance(s, Store):
+            return replace(s, index=tuple(sympy.sympify(i).xreplace(at) for i in s.index))
+        return replace(s, name=rename.get(s.name, s.name))
+
+    return tuple(copy(s) for s in stmts)
+
+
+def _jam(transform, copies):
+    out = []
+    for stmts in zip(*copies):
+        first = stmts[0]
+        if not isinstance(first, Loop):
+            out += stmts
+            continue
+        if any((s.start, s.stop) != (first.start, first.stop) for s in stmts):
+            raise ScheduleError(f"{transform}: the bounds of the loop over {first.var} depend "
+                                f"on {transform.loop}: the copies cannot share it")
+        out.append(replace(first, body=_jam(transform, [s.body for s in stmts])))
+    return tuple(out)
+
+
+def _check_independent(transform, loop):
+    """Every array the loop stores is indexed by its variable at one position, in every
+    store and every read: the iterations touch disjoint elements."""
+    body = loop.body
+    for array in dict.fromkeys(s.array for s in walk(body) if isinstance(s, Store)):
+        indices = [s.index for s in walk(body) if isinstance(s, Store) and s.array == array]
+        indices += [e.index for s in walk(body) for x in stmt_exprs(s)
+                    for e in S.subexpressions(x) if isinstance(e, S.Access) and e.array == array]
+        if not set.intersection(*({p for p, i in enumerate(index) if i == loop.var}
+                                  for index in indices)):
+            raise ScheduleError(f"{transform}: {array} is not indexed by {transform.loop} at "
+                                "one position in every store and read: iterations would share "
+                                "its elements")

@@ -1,0 +1,56 @@
+"""Schedule parameters and `moagen tune`: the registry's defaults and spaces, sources emitted
+with other parameters, the search (each candidate verified, then timed), the tuning file,
+and the bench running and recording this machine's choice. No test asserts a time."""
+import json
+
+import pytest
+
+from moagen.bench import suite, tune
+from moagen.cli import main
+from moagen.codegen.emit import emit
+from moagen.errors import UnknownNameError
+from moagen.kernels import get_kernel
+
+
+def test_defaults_space_and_candidates():
+    tiled = get_kernel("mlp_fwd").variant("tiled")
+    assert tiled.params({"mr": 4}) == {"mr": 4, "nr": 8, "row_block": 96}
+    with pytest.raises(UnknownNameError, match="no schedule parameter rows"):
+        tiled.params({"rows": 4})
+    tried = tune.candidates(tiled)
+    assert len(tried) == 3 * 2 * 2 and tiled.defaults in tried
+    assert len({tuple(p.items()) for p in tried}) == len(tried)
+    assert not get_kernel("attention_fwd").variant("dnf").space
+
+
+def test_emitted_source_names_its_parameters():
+    default = emit("attention_fwd", "online", "c")
+    two = emit("attention_fwd", "online", "c", params={"rows": 2})
+    assert "unroll_jam(rows, i, 4)" in default and "--param" not in default
+    assert "unroll_jam(rows, i, 2)" in two and "--variant online --param rows=2" in two
+    assert "qk_1" in two and "qk_2" not in two
+
+
+def test_bad_parameters_on_the_command_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["emit", "attention_fwd", "--variant", "online", "--param", "rows=four"])
+    assert "expected NAME=INTEGER" in capsys.readouterr().err
+    assert main(["emit", "attention_fwd", "--variant", "online", "--param", "cols=2"]) != 0
+    assert "no schedule parameter cols" in capsys.readouterr().err
+
+
+def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_dir, capsys):
+    out = tmp_path / "tuning.json"
+    code = main(["tune", "attention_decode", "--variant", "online", "--n", "64", "--repeats", "1",
+                 "--out", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())[tune.machine_key()]["attention_decode:online:c:float64"]
+    assert [c["params"] for c in record["candidates"]] == [{"heads": h} for h in (1, 2, 4, 8)]
+    assert record["params"] == min(record["candidates"], key=lambda c: c["median_s"])["params"]
+    assert "<- chosen" in capsys.readouterr().out
+
+    choices = tune.load_choices(out)
+    jobs = suite.plan(["attention_decode"], ["c"], [1], lengths=[64], choices=choices)
+    impls = [impl for job in jobs for group in job.groups for impl in group["impls"]]
+    assert ["c", "online", record["params"]] in impls
+    assert ["c", "dnf", None] in impls  # no parameters: nothing chosen
