@@ -21,8 +21,8 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, i
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, &
-            & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, &
-                & rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
+        & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+        & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -245,8 +245,8 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, i
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-            & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, &
-                & p_1, p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
+        & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
+        & p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)

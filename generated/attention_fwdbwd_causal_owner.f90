@@ -27,12 +27,11 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j, i, j_tile
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, &
-            & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, &
-                & rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, &
-                    & row_sum, qk, score, new_max, rescale, p, rowdot, qk_02, qk_12, qk_22, &
-                        & qk_32, dov_0, dov_1, dov_2, dov_3, t2_0, t2_1, t2_2, t2_3, dov, t2, &
-                            & qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, dov_12, &
-                                & dov_22, dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
+        & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+        & p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, row_sum, qk, &
+        & score, new_max, rescale, p, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, &
+        & dov_3, t2_0, t2_1, t2_2, t2_3, dov, t2, qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, &
+        & t3_3, dov_02, dov_12, dov_22, dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -544,12 +543,11 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j, i, j_tile
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-            & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, &
-                & p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, row_sum, qk, &
-                    & score, new_max, rescale, p, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, &
-                        & dov_1, dov_2, dov_3, t2_0, t2_1, t2_2, t2_3, dov, t2, qk_03, qk_13, &
-                            & qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, dov_12, dov_22, &
-                                & dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
+        & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
+        & p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, row_sum, qk, score, new_max, &
+        & rescale, p, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t2_0, t2_1, &
+        & t2_2, t2_3, dov, t2, qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, &
+        & dov_12, dov_22, dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)

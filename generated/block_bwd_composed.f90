@@ -10,13 +10,12 @@ contains
 
   subroutine block_bwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
-          & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, &
-                  & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, &
-                      & mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, &
-                          & attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, &
-                              & qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, &
-                                  & norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
+      & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, &
+      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, &
+      & qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, &
+      & qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
       bind(C, name="block_bwd_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: scale
@@ -94,12 +93,12 @@ contains
     integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, p, m, h, m_tile, j
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
-                            & batch_g, xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, &
-                                & batches, oy, rowdot, qk, dov, t2, t3, heads_sum, gw, xg
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
+        & batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, qk, dov, t2, t3, heads_sum, &
+        & gw, xg
 
     ! norm2_apply.z: from the DNF
     ! stage norm2_apply: rmsnorm_apply dnf
@@ -756,148 +755,148 @@ contains
             do e = 0, dff - 1
               acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
-                      & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -2628,244 +2627,244 @@ contains
             do c = 0, dh - 1
               acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + 8*dh*(h &
+                  & + heads*m_tile))
               acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 1) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 2) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 3) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 4) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 5) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 6) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 7) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -2936,7 +2935,7 @@ contains
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
                   & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
-                      & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
+                  & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -3786,13 +3785,12 @@ contains
 
   subroutine block_bwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
-          & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-              & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, &
-                  & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, &
-                      & mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, &
-                          & attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, &
-                              & qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, &
-                                  & norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
+      & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, &
+      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, &
+      & qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, &
+      & qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
       bind(C, name="block_bwd_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: scale
@@ -3870,12 +3868,12 @@ contains
     integer(c_int64_t) :: b, i, c, e, e_tile, lane, i_blk, i_tile, c_tile, p, m, h, m_tile, j
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
-                            & batch_g, xdu, batch_u, xdv, batch_d, hdf, dot, dweight_sum, yw, &
-                                & batches, oy, rowdot, qk, dov, t2, t3, heads_sum, gw, xg
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
+        & batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, qk, dov, t2, t3, heads_sum, &
+        & gw, xg
 
     ! norm2_apply.z: from the DNF
     ! stage norm2_apply: rmsnorm_apply dnf
@@ -4532,148 +4530,148 @@ contains
             do e = 0, dff - 1
               acc_0_0 = acc_0_0 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(6*i_tile, n - 1)) + &
-                      & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_0_1 = acc_0_1 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_0_2 = acc_0_2 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_0_3 = acc_0_3 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_0_4 = acc_0_4 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_0_5 = acc_0_5 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_0_6 = acc_0_6 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_0_7 = acc_0_7 + mlp_dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(6*i_tile, n - &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_1_0 = acc_1_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_1_1 = acc_1_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_1_2 = acc_1_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_1_3 = acc_1_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_1_4 = acc_1_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_1_5 = acc_1_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_1_6 = acc_1_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_1_7 = acc_1_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 1)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_2_0 = acc_2_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_2_1 = acc_2_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_2_2 = acc_2_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_2_3 = acc_2_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_2_4 = acc_2_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_2_5 = acc_2_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_2_6 = acc_2_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_2_7 = acc_2_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 2)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_3_0 = acc_3_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_3_1 = acc_3_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_3_2 = acc_3_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_3_3 = acc_3_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_3_4 = acc_3_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_3_5 = acc_3_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_3_6 = acc_3_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_3_7 = acc_3_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 3)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_4_0 = acc_4_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_4_1 = acc_4_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_4_2 = acc_4_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_4_3 = acc_4_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_4_4 = acc_4_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_4_5 = acc_4_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_4_6 = acc_4_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_4_7 = acc_4_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 4)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_5_0 = acc_5_0 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile + &
-                      & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
+                  & 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e)
               acc_5_1 = acc_5_1 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 1) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_5_2 = acc_5_2 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 2) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_5_3 = acc_5_3 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 3) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_5_4 = acc_5_4 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 4) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_5_5 = acc_5_5 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 5) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_5_6 = acc_5_6 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 6) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_5_7 = acc_5_7 + mlp_dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & mlp_WgT_panel(8*c_tile*dff + 8*e + 7) + mlp_dV(dff*(b*n + min(n - 1, 6*i_tile &
-                      & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & + 5)) + e) * mlp_WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dxn2(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -6404,244 +6402,244 @@ contains
             do c = 0, dh - 1
               acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + 8*dh*(h &
+                  & + heads*m_tile))
               acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 1) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 2) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 3) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 4) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 5) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 6) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
-                          & 7) + dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(6*i_tile, n - 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 1))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 1))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 2))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 2))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 3))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 3))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 4))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 4))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
               acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile))
+                  & min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * qkv_WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile))
               acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 1) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
               acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 2) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
               acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 3) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
               acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 4) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
               acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 5) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
               acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 6) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
               acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & qkv_WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) &
-                      & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + &
-                          & heads*m_tile) + 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile &
-                              & + 5))) * qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & + min(n - 1, 6*i_tile + 5))) * qkv_WkT_panel(8*c + 8*dh*(h + heads*m_tile) + &
+                  & 7) + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
+                  & qkv_WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dxn1(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -6712,7 +6710,7 @@ contains
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * qkv_WqT(dm*(c + dh*h) + m) + dK(c + &
                   & dh*(i + n*(b*heads + h))) * qkv_WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + &
-                      & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
+                  & n*(b*heads + h))) * qkv_WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do

@@ -11,8 +11,8 @@ contains
 
   subroutine block_fwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
       & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
-          & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, &
-              & n, dm, heads, dh, dff, eps, scale) &
+      & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, &
+      & dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: eps, scale
@@ -50,16 +50,14 @@ contains
     integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
     real(c_double) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-            & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-                    & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-                        & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
-                            & row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
-                                & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, &
-                                    & score_2, score_3, new_max_0, new_max_1, new_max_2, &
-                                        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-                                            & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
-                                                & new_max, rescale, p, heads_sum, ow, xg, xu, hw
+        & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+        & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+        & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
+        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
+        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, &
+        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
+        & new_max, rescale, p, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -1774,148 +1772,148 @@ contains
             end do
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile))) * acc_0_0
+                & 8*e_tile))) * acc_0_0
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 1))) * acc_0_1
+                & + 8*e_tile + 1))) * acc_0_1
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 2))) * acc_0_2
+                & + 8*e_tile + 2))) * acc_0_2
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 3))) * acc_0_3
+                & + 8*e_tile + 3))) * acc_0_3
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 4))) * acc_0_4
+                & + 8*e_tile + 4))) * acc_0_4
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 5))) * acc_0_5
+                & + 8*e_tile + 5))) * acc_0_5
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 6))) * acc_0_6
+                & + 8*e_tile + 6))) * acc_0_6
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 7))) * acc_0_7
+                & + 8*e_tile + 7))) * acc_0_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
+                & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
+                & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
+                & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
+                & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
+                & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
         end do
       end do
@@ -2199,8 +2197,8 @@ contains
 
   subroutine block_fwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
       & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
-          & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, &
-              & n, dm, heads, dh, dff, eps, scale) &
+      & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, &
+      & dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: eps, scale
@@ -2238,16 +2236,14 @@ contains
     integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
     real(c_float) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
-            & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
-                & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, &
-                    & acc_4_1, acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, &
-                        & acc_5_1, acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, &
-                            & row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
-                                & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, &
-                                    & score_2, score_3, new_max_0, new_max_1, new_max_2, &
-                                        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-                                            & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
-                                                & new_max, rescale, p, heads_sum, ow, xg, xu, hw
+        & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
+        & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
+        & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
+        & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
+        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
+        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, &
+        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
+        & new_max, rescale, p, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -3962,148 +3958,148 @@ contains
             end do
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile))) * acc_0_0
+                & 8*e_tile))) * acc_0_0
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 1))) * acc_0_1
+                & + 8*e_tile + 1))) * acc_0_1
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 2))) * acc_0_2
+                & + 8*e_tile + 2))) * acc_0_2
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 3))) * acc_0_3
+                & + 8*e_tile + 3))) * acc_0_3
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 4))) * acc_0_4
+                & + 8*e_tile + 4))) * acc_0_4
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 5))) * acc_0_5
+                & + 8*e_tile + 5))) * acc_0_5
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 6))) * acc_0_6
+                & + 8*e_tile + 6))) * acc_0_6
             mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
                 & - 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                    & + 8*e_tile + 7))) * acc_0_7
+                & + 8*e_tile + 7))) * acc_0_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
+                & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
+                & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
+                & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
+                & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
+                & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
             mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
         end do
       end do

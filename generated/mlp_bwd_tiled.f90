@@ -10,7 +10,7 @@ contains
 
   subroutine mlp_bwd_tiled_f64(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, &
       & WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, &
-          & n, dm, dff) &
+      & n, dm, dff) &
       bind(C, name="mlp_bwd_tiled_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, dff
     real(c_double), intent(in) :: X(0:batch * n * dm - 1)
@@ -41,11 +41,11 @@ contains
     integer(c_int64_t) :: c, e, e_tile, lane, b, i_blk, i_tile, i, c_tile
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
-                            & batch_g, xdu, batch_u, xdv, batch_d, hdf
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
+        & batch_d, hdf
 
     ! WdT: from the DNF
     ! WdT[c, e] = (<e c> psi Wd)
@@ -675,148 +675,148 @@ contains
             do e = 0, dff - 1
               acc_0_0 = acc_0_0 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                      & WuT_panel(8*c_tile*dff + 8*e)
+                  & WuT_panel(8*c_tile*dff + 8*e)
               acc_0_1 = acc_0_1 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_0_2 = acc_0_2 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_0_3 = acc_0_3 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_0_4 = acc_0_4 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_0_5 = acc_0_5 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_0_6 = acc_0_6 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_0_7 = acc_0_7 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_1_0 = acc_1_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_1_1 = acc_1_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_1_2 = acc_1_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_1_3 = acc_1_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_1_4 = acc_1_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_1_5 = acc_1_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_1_6 = acc_1_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_1_7 = acc_1_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_2_0 = acc_2_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_2_1 = acc_2_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_2_2 = acc_2_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_2_3 = acc_2_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_2_4 = acc_2_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_2_5 = acc_2_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_2_6 = acc_2_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_2_7 = acc_2_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_3_0 = acc_3_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_3_1 = acc_3_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_3_2 = acc_3_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_3_3 = acc_3_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_3_4 = acc_3_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_3_5 = acc_3_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_3_6 = acc_3_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_3_7 = acc_3_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_4_0 = acc_4_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_4_1 = acc_4_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_4_2 = acc_4_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_4_3 = acc_4_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_4_4 = acc_4_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_4_5 = acc_4_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_4_6 = acc_4_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_4_7 = acc_4_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_5_0 = acc_5_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_5_1 = acc_5_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_5_2 = acc_5_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_5_3 = acc_5_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_5_4 = acc_5_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_5_5 = acc_5_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_5_6 = acc_5_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_5_7 = acc_5_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1
@@ -1635,7 +1635,7 @@ contains
 
   subroutine mlp_bwd_tiled_f32(X, Wg, Wu, Wd, U, dF, dX, dWg, dWu, dWd, WdT, dH, V, dU, WgT, dV, &
       & WuT, H, WdT_panel, Wu_panel, WgT_panel, WuT_panel, dU_panel, dV_panel, dF_panel, batch, &
-          & n, dm, dff) &
+      & n, dm, dff) &
       bind(C, name="mlp_bwd_tiled_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, dff
     real(c_float), intent(in) :: X(0:batch * n * dm - 1)
@@ -1666,11 +1666,11 @@ contains
     integer(c_int64_t) :: c, e, e_tile, lane, b, i_blk, i_tile, i, c_tile
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, &
-                            & batch_g, xdu, batch_u, xdv, batch_d, hdf
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
+        & batch_d, hdf
 
     ! WdT: from the DNF
     ! WdT[c, e] = (<e c> psi Wd)
@@ -2300,148 +2300,148 @@ contains
             do e = 0, dff - 1
               acc_0_0 = acc_0_0 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
-                      & WuT_panel(8*c_tile*dff + 8*e)
+                  & WuT_panel(8*c_tile*dff + 8*e)
               acc_0_1 = acc_0_1 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_0_2 = acc_0_2 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_0_3 = acc_0_3 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_0_4 = acc_0_4 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_0_5 = acc_0_5 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_0_6 = acc_0_6 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_0_7 = acc_0_7 + dU(dff*(b*n + min(6*i_tile, n - 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(6*i_tile, n - 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_1_0 = acc_1_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_1_1 = acc_1_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_1_2 = acc_1_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_1_3 = acc_1_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_1_4 = acc_1_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_1_5 = acc_1_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_1_6 = acc_1_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_1_7 = acc_1_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 1)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 1)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_2_0 = acc_2_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_2_1 = acc_2_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_2_2 = acc_2_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_2_3 = acc_2_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_2_4 = acc_2_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_2_5 = acc_2_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_2_6 = acc_2_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_2_7 = acc_2_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 2)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 2)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_3_0 = acc_3_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_3_1 = acc_3_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_3_2 = acc_3_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_3_3 = acc_3_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_3_4 = acc_3_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_3_5 = acc_3_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_3_6 = acc_3_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_3_7 = acc_3_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 3)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 3)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_4_0 = acc_4_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_4_1 = acc_4_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_4_2 = acc_4_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_4_3 = acc_4_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_4_4 = acc_4_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_4_5 = acc_4_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_4_6 = acc_4_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_4_7 = acc_4_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 4)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 4)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
               acc_5_0 = acc_5_0 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) &
-                      & * WuT_panel(8*c_tile*dff + 8*e)
+                  & * WuT_panel(8*c_tile*dff + 8*e)
               acc_5_1 = acc_5_1 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 1) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 1)
               acc_5_2 = acc_5_2 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 2) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 2)
               acc_5_3 = acc_5_3 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 3) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 3)
               acc_5_4 = acc_5_4 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 4) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 4)
               acc_5_5 = acc_5_5 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 5) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 5)
               acc_5_6 = acc_5_6 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 6) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 6)
               acc_5_7 = acc_5_7 + dU(dff*(b*n + min(n - 1, 6*i_tile + 5)) + e) * &
                   & WgT_panel(8*c_tile*dff + 8*e + 7) + dV(dff*(b*n + min(n - 1, 6*i_tile + 5)) + &
-                      & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
+                  & e) * WuT_panel(8*c_tile*dff + 8*e + 7)
             end do
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1))) = acc_0_0
             dX(8*c_tile + dm*(b*n + min(6*i_tile, n - 1)) + 1) = acc_0_1

@@ -25,10 +25,10 @@ contains
     integer(c_int64_t) :: e_tile, c, lane, b, i_blk, i_tile, i, e, c_tile
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
 
     ! U.pack_Wg: from the DNF
     ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -443,148 +443,148 @@ contains
             end do
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - 1)) + &
                 & 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile))) * acc_0_0
+                & 8*e_tile))) * acc_0_0
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 1))) * acc_0_1
+                & 8*e_tile + 1))) * acc_0_1
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 2))) * acc_0_2
+                & 8*e_tile + 2))) * acc_0_2
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 3))) * acc_0_3
+                & 8*e_tile + 3))) * acc_0_3
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 4))) * acc_0_4
+                & 8*e_tile + 4))) * acc_0_4
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 5))) * acc_0_5
+                & 8*e_tile + 5))) * acc_0_5
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 6))) * acc_0_6
+                & 8*e_tile + 6))) * acc_0_6
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 7))) * acc_0_7
+                & 8*e_tile + 7))) * acc_0_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 1)) &
-                    & + 8*e_tile))) * acc_1_0
+                & + 8*e_tile))) * acc_1_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 2)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 2)) &
-                    & + 8*e_tile))) * acc_2_0
+                & + 8*e_tile))) * acc_2_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 3)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 3)) &
-                    & + 8*e_tile))) * acc_3_0
+                & + 8*e_tile))) * acc_3_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 4)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 4)) &
-                    & + 8*e_tile))) * acc_4_0
+                & + 8*e_tile))) * acc_4_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 5)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 5)) &
-                    & + 8*e_tile))) * acc_5_0
+                & + 8*e_tile))) * acc_5_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
         end do
       end do
@@ -866,10 +866,10 @@ contains
     integer(c_int64_t) :: e_tile, c, lane, b, i_blk, i_tile, i, e, c_tile
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, xg, xu, hw
 
     ! U.pack_Wg: from the DNF
     ! U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -1284,148 +1284,148 @@ contains
             end do
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - 1)) + &
                 & 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile))) * acc_0_0
+                & 8*e_tile))) * acc_0_0
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 1))) * acc_0_1
+                & 8*e_tile + 1))) * acc_0_1
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 2))) * acc_0_2
+                & 8*e_tile + 2))) * acc_0_2
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 3))) * acc_0_3
+                & 8*e_tile + 3))) * acc_0_3
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 4))) * acc_0_4
+                & 8*e_tile + 4))) * acc_0_4
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 5))) * acc_0_5
+                & 8*e_tile + 5))) * acc_0_5
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 6))) * acc_0_6
+                & 8*e_tile + 6))) * acc_0_6
             H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n - &
                 & 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                    & 8*e_tile + 7))) * acc_0_7
+                & 8*e_tile + 7))) * acc_0_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 1)) &
-                    & + 8*e_tile))) * acc_1_0
+                & + 8*e_tile))) * acc_1_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
+                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
+                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
+                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
+                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
+                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
+                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
+                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 2)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 2)) &
-                    & + 8*e_tile))) * acc_2_0
+                & + 8*e_tile))) * acc_2_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
+                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
+                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
+                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
+                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
+                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
+                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
+                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 3)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 3)) &
-                    & + 8*e_tile))) * acc_3_0
+                & + 8*e_tile))) * acc_3_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
+                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
+                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
+                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
+                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
+                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
+                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
+                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 4)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 4)) &
-                    & + 8*e_tile))) * acc_4_0
+                & + 8*e_tile))) * acc_4_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
+                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
+                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
+                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
+                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
+                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
+                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
+                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, 6*i_tile &
                 & + 5)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, 6*i_tile + 5)) &
-                    & + 8*e_tile))) * acc_5_0
+                & + 8*e_tile))) * acc_5_0
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
+                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
+                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
+                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
+                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
+                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
+                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
             H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
                 & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                    & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
           end do
         end do
       end do

@@ -35,11 +35,10 @@ contains
     integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile
     real(c_double) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, &
-                            & batches, xg
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
 
     ! WqT: from the DNF
     ! WqT[h, c, m] = (<m h c> psi Wq)
@@ -192,244 +191,244 @@ contains
             do c = 0, dh - 1
               acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
-                          & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 1)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
               acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 2)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
               acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 3)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
               acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 4)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
               acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 5)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
               acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 6)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
               acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 7)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
               acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -499,7 +498,7 @@ contains
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
                   & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
-                      & h))) * WvT(dm*(c + dh*h) + m)
+                  & h))) * WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do
@@ -1287,11 +1286,10 @@ contains
     integer(c_int64_t) :: h, c, m, m_tile, lane, b, i_tile, i, c_tile
     real(c_float) :: acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, &
         & acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, &
-            & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
-                & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
-                    & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, &
-                        & acc_5_2, acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, &
-                            & batches, xg
+        & acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, acc_3_1, &
+        & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
+        & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
+        & acc_5_4, acc_5_5, acc_5_6, acc_5_7, heads_sum, gw, batches, xg
 
     ! WqT: from the DNF
     ! WqT[h, c, m] = (<m h c> psi Wq)
@@ -1444,244 +1442,244 @@ contains
             do c = 0, dh - 1
               acc_0_0 = acc_0_0 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c &
-                          & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_0_1 = acc_0_1 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 1)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 1)
               acc_0_2 = acc_0_2 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 2)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 2)
               acc_0_3 = acc_0_3 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 3)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 3)
               acc_0_4 = acc_0_4 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 4)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 4)
               acc_0_5 = acc_0_5 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 5)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 5)
               acc_0_6 = acc_0_6 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 6)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 6)
               acc_0_7 = acc_0_7 + dQ(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
-                          & dV(c + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile) + 7)
+                  & min(6*i_tile, n - 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dV(c &
+                  & + dh*(n*(b*heads + h) + min(6*i_tile, n - 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile) + 7)
               acc_1_0 = acc_1_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_1_1 = acc_1_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_1_2 = acc_1_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_1_3 = acc_1_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_1_4 = acc_1_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_1_5 = acc_1_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_1_6 = acc_1_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_1_7 = acc_1_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 1))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 1))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_2_0 = acc_2_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_2_1 = acc_2_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_2_2 = acc_2_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_2_3 = acc_2_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_2_4 = acc_2_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_2_5 = acc_2_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_2_6 = acc_2_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_2_7 = acc_2_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 2))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 2))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_3_0 = acc_3_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_3_1 = acc_3_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_3_2 = acc_3_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_3_3 = acc_3_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_3_4 = acc_3_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_3_5 = acc_3_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_3_6 = acc_3_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_3_7 = acc_3_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 3))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 3))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_4_0 = acc_4_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_4_1 = acc_4_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_4_2 = acc_4_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_4_3 = acc_4_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_4_4 = acc_4_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_4_5 = acc_4_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_4_6 = acc_4_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_4_7 = acc_4_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 4))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 4))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
               acc_5_0 = acc_5_0 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile)) + dK(c + dh*(n*(b*heads + h) + min(n &
-                      & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
-                          & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
-                              & 8*dh*(h + heads*m_tile))
+                  & - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile)) + dV(c + &
+                  & dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + 8*dh*(h + &
+                  & heads*m_tile))
               acc_5_1 = acc_5_1 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 1)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 1) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 1)
               acc_5_2 = acc_5_2 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 2)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 2) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 2)
               acc_5_3 = acc_5_3 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 3)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 3) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 3)
               acc_5_4 = acc_5_4 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 4)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 4) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 4)
               acc_5_5 = acc_5_5 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 5)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 5) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 5)
               acc_5_6 = acc_5_6 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 6)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 6) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 6)
               acc_5_7 = acc_5_7 + dQ(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
                   & WqT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + dK(c + dh*(n*(b*heads + h) + &
-                      & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) &
-                          & + dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * &
-                              & WvT_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
+                  & min(n - 1, 6*i_tile + 5))) * WkT_panel(8*c + 8*dh*(h + heads*m_tile) + 7) + &
+                  & dV(c + dh*(n*(b*heads + h) + min(n - 1, 6*i_tile + 5))) * WvT_panel(8*c + &
+                  & 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
           dX(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
@@ -1751,7 +1749,7 @@ contains
             do c = 0, dh - 1
               gw = gw + dQ(c + dh*(i + n*(b*heads + h))) * WqT(dm*(c + dh*h) + m) + dK(c + dh*(i &
                   & + n*(b*heads + h))) * WkT(dm*(c + dh*h) + m) + dV(c + dh*(i + n*(b*heads + &
-                      & h))) * WvT(dm*(c + dh*h) + m)
+                  & h))) * WvT(dm*(c + dh*h) + m)
             end do
             heads_sum = heads_sum + gw
           end do

@@ -75,3 +75,13 @@ def test_unknown_language_and_dtype():
         emit("attention_fwd", "dnf", "rust")
     with pytest.raises(UnknownNameError, match="unknown dtype 'float16'"):
         emit("attention_fwd", "dnf", "c", ("float16",))
+
+
+def test_long_fortran_lines_wrap_at_one_indent():
+    """A declaration of a thousand characters (eight rows unrolled declare many locals)."""
+    from moagen.codegen.fortran import LINE, _wrap
+    line = "    real(c_double) :: " + ", ".join(f"row_max_{k}" for k in range(100))
+    out = _wrap(line)
+    assert len(out) > 10 and all(len(piece) <= LINE for piece in out)
+    assert all(piece.startswith("        & ") for piece in out[1:])
+    assert [w for piece in out for w in piece.split() if w != "&"] == line.split()

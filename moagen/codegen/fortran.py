@@ -148,15 +148,22 @@ def _check_case_insensitive(onf, printer):
 
 
 def _wrap(line):
-    """Split a long statement or OpenMP directive with `&` continuations at spaces."""
+    """Split a long statement or OpenMP directive with `&` continuations at spaces, every
+    continuation indented as the first line plus four."""
     stripped = line.lstrip()
     directive = stripped.startswith("!$omp")
     if len(line) <= LINE or (stripped.startswith("!") and not directive):
         return [line]
     indent = " " * (len(line) - len(stripped))
-    cut = line.rfind(" ", 0, LINE - 2)
-    rest = (indent + "!$omp& " if directive else indent + "    & ") + line[cut + 1:]
-    return [line[:cut] + " &"] + _wrap(rest)
+    prefix = indent + ("!$omp& " if directive else "    & ")
+    lines = []
+    while len(line) > LINE:
+        cut = line.rfind(" ", len(prefix) + 1, LINE - 2)
+        if cut < 0:
+            break  # one word longer than a line: left long (free form allows 132)
+        lines.append(line[:cut] + " &")
+        line = prefix + line[cut + 1:]
+    return lines + [line]
 
 
 def emit_fortran(onfs_by_dtype, banner, module):
