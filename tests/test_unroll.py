@@ -12,7 +12,8 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
-from moagen.onf.unroll import UnrollJam
+from moagen.onf.schedule import Parallel
+from moagen.onf.unroll import UnrollJam, rows_together
 
 I, K, N, M = sym("i"), sym("k"), sym("n"), sym("m")
 
@@ -46,6 +47,9 @@ def test_refuses_what_would_change_the_value():
         UnrollJam("y", "k", 2)(_row_sums())
     with pytest.raises(ScheduleError, match="no nest"):
         UnrollJam("z", "i", 2)(_row_sums())
+    with pytest.raises(ScheduleError, match="0 rows together"):
+        rows_together("y", ("i",), 0)
+    assert rows_together("y", ("i",), 1) == (Parallel(("i",), nest="y"),)
 
 
 def test_bounds_that_depend_on_the_row_cannot_be_shared():

@@ -85,6 +85,8 @@ def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = N
     """The steps that run the loops `parallel` of a nest in parallel with `rows` iterations
     of one of them (`loop`, by default the last) unrolled and jammed, and its edge nest
     parallel as the nest was; rows = 1: the loops in parallel, as they are."""
+    if rows < 1:
+        raise ScheduleError(f"{nest}: {rows} rows together: there must be at least one")
     if rows == 1:
         return (Parallel(parallel, nest=nest),)
     loop = loop or parallel[-1]
