@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
-from moagen.codegen.emit import FORTRAN_MODULE, check_dtype, emit, onf_of, stem
+from moagen.codegen.emit import FORTRAN_MODULE, check_dtype, emit, onf_of, param_pairs, stem
 from moagen.codegen.printer import signature
 from moagen.kernels import get_kernel
 
@@ -24,5 +24,5 @@ def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float6
          params=None) -> KernelCallable:
     """params: schedule parameters over the variant's defaults (moagen tune's choice)."""
     onf = onf_of(kernel, variant, params=params)
-    return bind(library(kernel, onf.variant, lang, tuple(sorted(dict(params or {}).items()))),
+    return bind(library(kernel, onf.variant, lang, param_pairs(params)),
                 signature(onf, check_dtype(dtype)), lang, validate=get_kernel(kernel).validate)

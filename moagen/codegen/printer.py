@@ -1,7 +1,6 @@
 """What every backend shares: walking an ONF's statements and printing expressions with the
 right precedence. A backend implements the hooks (loop, parallel loop, let, update, store,
 literals, function names) and a Jinja2 template holds its file skeleton."""
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,8 +10,7 @@ import sympy
 from moagen.moa import scalar as S
 from moagen.moa.dnf import PRECEDENCE
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, map_stmt_exprs, parallel_chain,
-                              stmt_exprs, walk)
+from moagen.onf.loops import Let, Loop, ONF, Store, Update, parallel_chain, stmt_exprs, walk
 from moagen.onf.schedule import kernel_names
 from moagen.onf.signature import DTYPE_SUFFIX, ArrayParam, Signature
 
@@ -54,6 +52,7 @@ class Printer:
         self.sig = signature(onf, dtype)
         self.updated = {n for nest in onf.nests for n in updated_names(nest.body)}
         self.quotients = _invariant_quotients(onf)
+        self.hoisted_names = {}  # quotient -> its index, inside the loops it was hoisted from
 
     # ---- statements -------------------------------------------------------------------
     def block(self, stmts, depth):
@@ -75,13 +74,17 @@ class Printer:
 
     def hoisted(self, loop: Loop, depth) -> list:
         """A loop after the integer divisions in the vectorized loops inside it that its
-        iterations do not change, each computed once into an index of its own."""
+        iterations do not change, each computed once into an index of its own, which the
+        loop's index expressions then print instead."""
         quotients = self.quotients[id(loop)]
         pad = self.indent * depth
         lines = [pad + self.index_let(name, self.index(q)) for q, name in quotients.items()]
-        names = {q: sympy.Symbol(name, integer=True) for q, name in quotients.items()}
-        at = lambda e: sympy.sympify(e).xreplace(names)
-        return lines + self.loop(_replace_offsets(loop, at), depth)
+        outer = self.hoisted_names
+        self.hoisted_names = {**outer, **{q: sympy.Symbol(name, integer=True)
+                                          for q, name in quotients.items()}}
+        lines += self.loop(loop, depth)
+        self.hoisted_names = outer
+        return lines
 
     def loop(self, loop: Loop, depth) -> list:
         raise NotImplementedError
@@ -101,7 +104,10 @@ class Printer:
 
     # ---- expressions ------------------------------------------------------------------
     def index(self, e) -> str:
-        return _print_index(self.index_printer, sympy.sympify(e))
+        e = sympy.sympify(e)
+        if self.hoisted_names:
+            e = e.xreplace(self.hoisted_names)
+        return _print_index(self.index_printer, e)
 
     def expr(self, e) -> str:
         if isinstance(e, S.Load):
@@ -182,10 +188,10 @@ def _invariant_quotients(onf: ONF) -> dict:
 
     def visit(stmts, path):
         for loop in stmts:
-            if isinstance(loop, Loop) and loop.parallel > 1:
-                collapsed.update(id(lp) for lp in parallel_chain(loop)[1:])
             if not isinstance(loop, Loop):
                 continue
+            if loop.parallel > 1:
+                collapsed.update(id(lp) for lp in parallel_chain(loop)[1:])
             if not loop.simd:
                 visit(loop.body, path + [loop])
                 continue
@@ -213,23 +219,6 @@ def _outer_quotients(loop):
              if loop.var not in q.free_symbols and not q.args[1].is_Number]  # by 8 vectorizes
     return list(dict.fromkeys(q for q in found  # a division inside another goes with it
                               if not any(q != other and other.has(q) for other in found)))
-
-
-def _replace_offsets(loop, fn):
-    """loop with fn applied to every store and load offset inside it."""
-    def stmt(st):
-        if isinstance(st, Loop):
-            return replace(st, body=tuple(stmt(b) for b in st.body))
-        st = map_stmt_exprs(st, lambda e: _map_offsets(e, fn))
-        return replace(st, index=tuple(fn(i) for i in st.index)) if isinstance(st, Store) else st
-    return stmt(loop)
-
-
-def _map_offsets(e, fn):
-    """e with fn applied to every load offset."""
-    if isinstance(e, S.Load):
-        return S.Load(e.array, fn(e.offset))
-    return S.map_children(e, lambda c: _map_offsets(c, fn))
 
 
 @lru_cache(maxsize=None)

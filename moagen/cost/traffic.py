@@ -266,7 +266,7 @@ def _lane_in_division(offset, v, count):
     for quotient in offset.atoms(idiv):
         numerator = sympy.expand(quotient.args[0])
         lane = numerator - count * v
-        if (sympy.expand(numerator).coeff(v) == count and lane.is_Integer and 0 <= lane < count
+        if (numerator.coeff(v) == count and lane.is_Integer and 0 <= lane < count
                 and v not in offset.xreplace({quotient: sympy.Integer(0)}).free_symbols):
             return quotient, int(lane)
     return None
