@@ -3300,7 +3300,7 @@ void block_bwd_composed_f64(
             dWd[c + dm*e] = batch_d;
         }
     }
-    /* norm2.dx: from the DNF
+    /* norm2.dweight.partial: from the DNF
      * stage norm2: rmsnorm_bwd dnf
      * dx[b, i, c] = (<b i> psi inv_rms)
      *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -3309,24 +3309,6 @@ void block_bwd_composed_f64(
      *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
      *               )
      *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double dot = 0.0;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-            const double t = dot / (double)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-            }
-        }
-    }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
      * dweight[c] = sum[b2 < batch](
      *                  sum[i2 < n](
      *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -3341,9 +3323,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                double dot = 0.0;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                }
+                const double t2 = dot / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    const double t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
+                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * t;
                 }
             }
         }
@@ -3838,7 +3828,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    /* norm1.dx: from the DNF
+    /* norm1.dweight.partial: from the DNF
      * stage norm1: rmsnorm_bwd dnf
      * dx[b, i, c] = (<b i> psi inv_rms)
      *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -3847,24 +3837,6 @@ void block_bwd_composed_f64(
      *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
      *               )
      *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            double dot = 0.0;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-            }
-            const double t = dot / (double)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
-            }
-        }
-    }
-    /* norm1.dweight.partial: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
      * dweight[c] = sum[b2 < batch](
      *                  sum[i2 < n](
      *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -3879,9 +3851,17 @@ void block_bwd_composed_f64(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                double dot = 0.0;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                }
+                const double t2 = dot / (double)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
+                    norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * t;
                 }
             }
         }
@@ -7211,7 +7191,7 @@ void block_bwd_composed_f32(
             dWd[c + dm*e] = batch_d;
         }
     }
-    /* norm2.dx: from the DNF
+    /* norm2.dweight.partial: from the DNF
      * stage norm2: rmsnorm_bwd dnf
      * dx[b, i, c] = (<b i> psi inv_rms)
      *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -7220,24 +7200,6 @@ void block_bwd_composed_f32(
      *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
      *               )
      *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            float dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-            }
-            const float t = dot / (float)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-            }
-        }
-    }
-    /* norm2.dweight.partial: from the DNF
-     * stage norm2: rmsnorm_bwd dnf
      * dweight[c] = sum[b2 < batch](
      *                  sum[i2 < n](
      *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -7252,9 +7214,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                float dot = 0.0f;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                }
+                const float t2 = dot / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    const float t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                    dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
+                    norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * t;
                 }
             }
         }
@@ -7749,7 +7719,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    /* norm1.dx: from the DNF
+    /* norm1.dweight.partial: from the DNF
      * stage norm1: rmsnorm_bwd dnf
      * dx[b, i, c] = (<b i> psi inv_rms)
      *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -7758,24 +7728,6 @@ void block_bwd_composed_f32(
      *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
      *               )
      *               / d)
-     */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
-            float dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t c = 0; c < dm; ++c) {
-                dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-            }
-            const float t = dot / (float)dm;
-            #pragma omp simd
-            for (int64_t c = 0; c < dm; ++c) {
-                dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
-            }
-        }
-    }
-    /* norm1.dweight.partial: from the DNF
-     * stage norm1: rmsnorm_bwd dnf
      * dweight[c] = sum[b2 < batch](
      *                  sum[i2 < n](
      *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -7790,9 +7742,17 @@ void block_bwd_composed_f32(
         }
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+                float dot = 0.0f;
+                #pragma omp simd reduction(+:dot)
+                for (int64_t c = 0; c < dm; ++c) {
+                    dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                }
+                const float t2 = dot / (float)dm;
                 #pragma omp simd
                 for (int64_t c = 0; c < dm; ++c) {
-                    norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    const float t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                    dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
+                    norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * t;
                 }
             }
         }

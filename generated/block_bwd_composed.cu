@@ -3378,7 +3378,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     }
 }
 
-/* norm2.dx: from the DNF
+/* norm2.dweight.partial: from the DNF
  * stage norm2: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -3387,104 +3387,6 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
- */
-__global__ void block_bwd_composed_f64_norm2_dx(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    double dot = 0.0;
-    for (int64_t c = 0; c < dm; ++c) {
-        dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-    }
-    const double t = dot / (double)dm;
-    for (int64_t c = 0; c < dm; ++c) {
-        dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-    }
-}
-
-/* norm2.dweight.partial: from the DNF
- * stage norm2: rmsnorm_bwd dnf
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
  *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -3580,8 +3482,15 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            double dot = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+            const double t2 = dot / (double)dm;
+            for (int64_t c = 0; c < dm; ++c) {
+                const double t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
+                norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * t;
             }
         }
     }
@@ -7545,7 +7454,7 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     }
 }
 
-/* norm1.dx: from the DNF
+/* norm1.dweight.partial: from the DNF
  * stage norm1: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -7554,104 +7463,6 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
- */
-__global__ void block_bwd_composed_f64_norm1_dx(
-    const double *__restrict__ x,
-    const double *__restrict__ norm1,
-    const double *__restrict__ Wq,
-    const double *__restrict__ Wk,
-    const double *__restrict__ Wv,
-    const double *__restrict__ Wo,
-    const double *__restrict__ norm2,
-    const double *__restrict__ Wg,
-    const double *__restrict__ Wu,
-    const double *__restrict__ Wd,
-    const double *__restrict__ inv_rms1,
-    const double *__restrict__ Q,
-    const double *__restrict__ K,
-    const double *__restrict__ V,
-    const double *__restrict__ attn,
-    const double *__restrict__ lse,
-    const double *__restrict__ resid,
-    const double *__restrict__ inv_rms2,
-    const double *__restrict__ U,
-    const double *__restrict__ dy,
-    double *__restrict__ dx,
-    double *__restrict__ dnorm1,
-    double *__restrict__ dWq,
-    double *__restrict__ dWk,
-    double *__restrict__ dWv,
-    double *__restrict__ dWo,
-    double *__restrict__ dnorm2,
-    double *__restrict__ dWg,
-    double *__restrict__ dWu,
-    double *__restrict__ dWd,
-    double *__restrict__ xn2,
-    double *__restrict__ dxn2,
-    double *__restrict__ dresid_norm,
-    double *__restrict__ dresid,
-    double *__restrict__ dattn,
-    double *__restrict__ dQ,
-    double *__restrict__ dK,
-    double *__restrict__ dV,
-    double *__restrict__ xn1,
-    double *__restrict__ dxn1,
-    double *__restrict__ dx_norm,
-    double *__restrict__ mlp_WdT,
-    double *__restrict__ mlp_dH,
-    double *__restrict__ mlp_V,
-    double *__restrict__ mlp_dU,
-    double *__restrict__ mlp_WgT,
-    double *__restrict__ mlp_dV,
-    double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
-    double *__restrict__ mlp_WdT_panel,
-    double *__restrict__ mlp_Wu_panel,
-    double *__restrict__ mlp_WgT_panel,
-    double *__restrict__ mlp_WuT_panel,
-    double *__restrict__ mlp_dU_panel,
-    double *__restrict__ mlp_dV_panel,
-    double *__restrict__ mlp_dF_panel,
-    double *__restrict__ norm2_dweight_part,
-    double *__restrict__ out_WoT,
-    double *__restrict__ out_WoT_panel,
-    double *__restrict__ out_dY_panel,
-    double *__restrict__ attn_delta,
-    double *__restrict__ qkv_WqT,
-    double *__restrict__ qkv_WkT,
-    double *__restrict__ qkv_WvT,
-    double *__restrict__ qkv_WqT_panel,
-    double *__restrict__ qkv_WkT_panel,
-    double *__restrict__ qkv_WvT_panel,
-    double *__restrict__ qkv_dQ_panel,
-    double *__restrict__ qkv_dK_panel,
-    double *__restrict__ qkv_dV_panel,
-    double *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    double scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    double dot = 0.0;
-    for (int64_t c = 0; c < dm; ++c) {
-        dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-    }
-    const double t = dot / (double)dm;
-    for (int64_t c = 0; c < dm; ++c) {
-        dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
-    }
-}
-
-/* norm1.dweight.partial: from the DNF
- * stage norm1: rmsnorm_bwd dnf
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
  *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -7747,8 +7558,15 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            double dot = 0.0;
             for (int64_t c = 0; c < dm; ++c) {
-                norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+            }
+            const double t2 = dot / (double)dm;
+            for (int64_t c = 0; c < dm; ++c) {
+                const double t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
+                norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * t;
             }
         }
     }
@@ -8215,13 +8033,6 @@ extern "C" int block_bwd_composed_f64(
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
-        block_bwd_composed_f64_norm2_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
-    }
-    {
         const int64_t count = 16;
         block_bwd_composed_f64_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -8441,13 +8252,6 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
-    }
-    {
-        const int64_t count = batch*n;
-        block_bwd_composed_f64_norm1_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
@@ -11847,7 +11651,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     }
 }
 
-/* norm2.dx: from the DNF
+/* norm2.dweight.partial: from the DNF
  * stage norm2: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -11856,104 +11660,6 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
- */
-__global__ void block_bwd_composed_f32_norm2_dx(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < dm; ++c) {
-        dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
-    }
-    const float t = dot / (float)dm;
-    for (int64_t c = 0; c < dm; ++c) {
-        dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - resid[c + dm*(b*n + i)] * inv_rms2[b*n + i] * t);
-    }
-}
-
-/* norm2.dweight.partial: from the DNF
- * stage norm2: rmsnorm_bwd dnf
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
  *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -12049,8 +11755,15 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            float dot = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                dot += dxn2[c + dm*(b*n + i)] * norm2[c] * resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+            }
+            const float t2 = dot / (float)dm;
+            for (int64_t c = 0; c < dm; ++c) {
+                const float t = resid[c + dm*(b*n + i)] * inv_rms2[b*n + i];
+                dresid_norm[c + dm*(b*n + i)] = inv_rms2[b*n + i] * (dxn2[c + dm*(b*n + i)] * norm2[c] - t * t2);
+                norm2_dweight_part[c + dm*p] += dxn2[c + dm*(b*n + i)] * t;
             }
         }
     }
@@ -16014,7 +15727,7 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     }
 }
 
-/* norm1.dx: from the DNF
+/* norm1.dweight.partial: from the DNF
  * stage norm1: rmsnorm_bwd dnf
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
@@ -16023,104 +15736,6 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
- */
-__global__ void block_bwd_composed_f32_norm1_dx(
-    const float *__restrict__ x,
-    const float *__restrict__ norm1,
-    const float *__restrict__ Wq,
-    const float *__restrict__ Wk,
-    const float *__restrict__ Wv,
-    const float *__restrict__ Wo,
-    const float *__restrict__ norm2,
-    const float *__restrict__ Wg,
-    const float *__restrict__ Wu,
-    const float *__restrict__ Wd,
-    const float *__restrict__ inv_rms1,
-    const float *__restrict__ Q,
-    const float *__restrict__ K,
-    const float *__restrict__ V,
-    const float *__restrict__ attn,
-    const float *__restrict__ lse,
-    const float *__restrict__ resid,
-    const float *__restrict__ inv_rms2,
-    const float *__restrict__ U,
-    const float *__restrict__ dy,
-    float *__restrict__ dx,
-    float *__restrict__ dnorm1,
-    float *__restrict__ dWq,
-    float *__restrict__ dWk,
-    float *__restrict__ dWv,
-    float *__restrict__ dWo,
-    float *__restrict__ dnorm2,
-    float *__restrict__ dWg,
-    float *__restrict__ dWu,
-    float *__restrict__ dWd,
-    float *__restrict__ xn2,
-    float *__restrict__ dxn2,
-    float *__restrict__ dresid_norm,
-    float *__restrict__ dresid,
-    float *__restrict__ dattn,
-    float *__restrict__ dQ,
-    float *__restrict__ dK,
-    float *__restrict__ dV,
-    float *__restrict__ xn1,
-    float *__restrict__ dxn1,
-    float *__restrict__ dx_norm,
-    float *__restrict__ mlp_WdT,
-    float *__restrict__ mlp_dH,
-    float *__restrict__ mlp_V,
-    float *__restrict__ mlp_dU,
-    float *__restrict__ mlp_WgT,
-    float *__restrict__ mlp_dV,
-    float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
-    float *__restrict__ mlp_WdT_panel,
-    float *__restrict__ mlp_Wu_panel,
-    float *__restrict__ mlp_WgT_panel,
-    float *__restrict__ mlp_WuT_panel,
-    float *__restrict__ mlp_dU_panel,
-    float *__restrict__ mlp_dV_panel,
-    float *__restrict__ mlp_dF_panel,
-    float *__restrict__ norm2_dweight_part,
-    float *__restrict__ out_WoT,
-    float *__restrict__ out_WoT_panel,
-    float *__restrict__ out_dY_panel,
-    float *__restrict__ attn_delta,
-    float *__restrict__ qkv_WqT,
-    float *__restrict__ qkv_WkT,
-    float *__restrict__ qkv_WvT,
-    float *__restrict__ qkv_WqT_panel,
-    float *__restrict__ qkv_WkT_panel,
-    float *__restrict__ qkv_WvT_panel,
-    float *__restrict__ qkv_dQ_panel,
-    float *__restrict__ qkv_dK_panel,
-    float *__restrict__ qkv_dV_panel,
-    float *__restrict__ norm1_dweight_part,
-    int64_t batch,
-    int64_t n,
-    int64_t dm,
-    int64_t heads,
-    int64_t dh,
-    int64_t dff,
-    float scale
-)
-{
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    float dot = 0.0f;
-    for (int64_t c = 0; c < dm; ++c) {
-        dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
-    }
-    const float t = dot / (float)dm;
-    for (int64_t c = 0; c < dm; ++c) {
-        dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - x[c + dm*(b*n + i)] * inv_rms1[b*n + i] * t);
-    }
-}
-
-/* norm1.dweight.partial: from the DNF
- * stage norm1: rmsnorm_bwd dnf
  * dweight[c] = sum[b2 < batch](
  *                  sum[i2 < n](
  *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
@@ -16216,8 +15831,15 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     }
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t i = p*((n + 15) / 16); i < (n < p*((n + 15) / 16) + ((n + 15) / 16) ? n : p*((n + 15) / 16) + ((n + 15) / 16)); ++i) {
+            float dot = 0.0f;
             for (int64_t c = 0; c < dm; ++c) {
-                norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                dot += dxn1[c + dm*(b*n + i)] * norm1[c] * x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+            }
+            const float t2 = dot / (float)dm;
+            for (int64_t c = 0; c < dm; ++c) {
+                const float t = x[c + dm*(b*n + i)] * inv_rms1[b*n + i];
+                dx_norm[c + dm*(b*n + i)] = inv_rms1[b*n + i] * (dxn1[c + dm*(b*n + i)] * norm1[c] - t * t2);
+                norm1_dweight_part[c + dm*p] += dxn1[c + dm*(b*n + i)] * t;
             }
         }
     }
@@ -16684,13 +16306,6 @@ extern "C" int block_bwd_composed_f32(
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
-        block_bwd_composed_f32_norm2_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
-    }
-    {
         const int64_t count = 16;
         block_bwd_composed_f32_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
@@ -16910,13 +16525,6 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return (int)err;
-    }
-    {
-        const int64_t count = batch*n;
-        block_bwd_composed_f32_norm1_dx<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;

@@ -97,7 +97,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, qk, dov, t2, t3, heads_sum, &
+        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
     ! norm2_apply.z: from the DNF
@@ -1724,7 +1724,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dx: from the DNF
+    ! norm2.dweight.partial: from the DNF
     ! stage norm2: rmsnorm_bwd dnf
     ! dx[b, i, c] = (<b i> psi inv_rms)
     !               * ((<b i c> psi dz) * (<c> psi weight)
@@ -1733,32 +1733,12 @@ contains
     !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
     !               )
     !               / d)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        dot = 0.0_c_double
-        !$omp simd reduction(+:dot)
-        do c = 0, dm - 1
-          dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n &
-              & + i)
-        end do
-        t = dot / real(dm, c_double)
-        !$omp simd
-        do c = 0, dm - 1
-          dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * norm2(c) &
-              & - resid(c + dm*(b*n + i)) * inv_rms2(b*n + i) * t)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! norm2.dweight.partial: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
     ! dweight[c] = sum[b2 < batch](
     !                  sum[i2 < n](
     !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
     !                  )
     !              )
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do p = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -1766,10 +1746,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          dot = 0.0_c_double
+          !$omp simd reduction(+:dot)
+          do c = 0, dm - 1
+            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
+                & inv_rms2(b*n + i)
+          end do
+          t2 = dot / real(dm, c_double)
           !$omp simd
           do c = 0, dm - 1
-            norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) &
-                & * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
+                & norm2(c) - t * t2)
+            norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) * t
           end do
         end do
       end do
@@ -3703,7 +3692,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dx: from the DNF
+    ! norm1.dweight.partial: from the DNF
     ! stage norm1: rmsnorm_bwd dnf
     ! dx[b, i, c] = (<b i> psi inv_rms)
     !               * ((<b i c> psi dz) * (<c> psi weight)
@@ -3712,31 +3701,12 @@ contains
     !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
     !               )
     !               / d)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        dot = 0.0_c_double
-        !$omp simd reduction(+:dot)
-        do c = 0, dm - 1
-          dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-        end do
-        t = dot / real(dm, c_double)
-        !$omp simd
-        do c = 0, dm - 1
-          dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-              & x(c + dm*(b*n + i)) * inv_rms1(b*n + i) * t)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! norm1.dweight.partial: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
     ! dweight[c] = sum[b2 < batch](
     !                  sum[i2 < n](
     !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
     !                  )
     !              )
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do p = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -3744,10 +3714,18 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          dot = 0.0_c_double
+          !$omp simd reduction(+:dot)
+          do c = 0, dm - 1
+            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          end do
+          t2 = dot / real(dm, c_double)
           !$omp simd
           do c = 0, dm - 1
-            norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) &
-                & * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
+                & t * t2)
+            norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) * t
           end do
         end do
       end do
@@ -3872,7 +3850,7 @@ contains
         & acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, acc_4_2, &
         & acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, acc_5_3, &
         & acc_5_4, acc_5_5, acc_5_6, acc_5_7, dfw, xu, t, dug, batch_g, xdu, batch_u, xdv, &
-        & batch_d, hdf, dot, dweight_sum, yw, batches, oy, rowdot, qk, dov, t2, t3, heads_sum, &
+        & batch_d, hdf, dot, t2, dweight_sum, yw, batches, oy, rowdot, qk, dov, t3, heads_sum, &
         & gw, xg
 
     ! norm2_apply.z: from the DNF
@@ -5499,7 +5477,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm2.dx: from the DNF
+    ! norm2.dweight.partial: from the DNF
     ! stage norm2: rmsnorm_bwd dnf
     ! dx[b, i, c] = (<b i> psi inv_rms)
     !               * ((<b i c> psi dz) * (<c> psi weight)
@@ -5508,32 +5486,12 @@ contains
     !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
     !               )
     !               / d)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        dot = 0.0_c_float
-        !$omp simd reduction(+:dot)
-        do c = 0, dm - 1
-          dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * inv_rms2(b*n &
-              & + i)
-        end do
-        t = dot / real(dm, c_float)
-        !$omp simd
-        do c = 0, dm - 1
-          dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * norm2(c) &
-              & - resid(c + dm*(b*n + i)) * inv_rms2(b*n + i) * t)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! norm2.dweight.partial: from the DNF
-    ! stage norm2: rmsnorm_bwd dnf
     ! dweight[c] = sum[b2 < batch](
     !                  sum[i2 < n](
     !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
     !                  )
     !              )
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do p = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -5541,10 +5499,19 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          dot = 0.0_c_float
+          !$omp simd reduction(+:dot)
+          do c = 0, dm - 1
+            dot = dot + dxn2(c + dm*(b*n + i)) * norm2(c) * resid(c + dm*(b*n + i)) * &
+                & inv_rms2(b*n + i)
+          end do
+          t2 = dot / real(dm, c_float)
           !$omp simd
           do c = 0, dm - 1
-            norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) &
-                & * resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            t = resid(c + dm*(b*n + i)) * inv_rms2(b*n + i)
+            dresid_norm(c + dm*(b*n + i)) = inv_rms2(b*n + i) * (dxn2(c + dm*(b*n + i)) * &
+                & norm2(c) - t * t2)
+            norm2_dweight_part(c + dm*p) = norm2_dweight_part(c + dm*p) + dxn2(c + dm*(b*n + i)) * t
           end do
         end do
       end do
@@ -7478,7 +7445,7 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! norm1.dx: from the DNF
+    ! norm1.dweight.partial: from the DNF
     ! stage norm1: rmsnorm_bwd dnf
     ! dx[b, i, c] = (<b i> psi inv_rms)
     !               * ((<b i c> psi dz) * (<c> psi weight)
@@ -7487,31 +7454,12 @@ contains
     !                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
     !               )
     !               / d)
-    !$omp parallel do collapse(2) schedule(static) private(c, dot, t)
-    do b = 0, batch - 1
-      do i = 0, n - 1
-        dot = 0.0_c_float
-        !$omp simd reduction(+:dot)
-        do c = 0, dm - 1
-          dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
-        end do
-        t = dot / real(dm, c_float)
-        !$omp simd
-        do c = 0, dm - 1
-          dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
-              & x(c + dm*(b*n + i)) * inv_rms1(b*n + i) * t)
-        end do
-      end do
-    end do
-    !$omp end parallel do
-    ! norm1.dweight.partial: from the DNF
-    ! stage norm1: rmsnorm_bwd dnf
     ! dweight[c] = sum[b2 < batch](
     !                  sum[i2 < n](
     !                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
     !                  )
     !              )
-    !$omp parallel do collapse(1) schedule(static) private(c, b, i)
+    !$omp parallel do collapse(1) schedule(static) private(c, b, i, dot, t2, t)
     do p = 0, 15
       !$omp simd
       do c = 0, dm - 1
@@ -7519,10 +7467,18 @@ contains
       end do
       do b = 0, batch - 1
         do i = p*((n + 15) / 16), min(n, p*((n + 15) / 16) + ((n + 15) / 16)) - 1
+          dot = 0.0_c_float
+          !$omp simd reduction(+:dot)
+          do c = 0, dm - 1
+            dot = dot + dxn1(c + dm*(b*n + i)) * norm1(c) * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+          end do
+          t2 = dot / real(dm, c_float)
           !$omp simd
           do c = 0, dm - 1
-            norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) &
-                & * x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            t = x(c + dm*(b*n + i)) * inv_rms1(b*n + i)
+            dx_norm(c + dm*(b*n + i)) = inv_rms1(b*n + i) * (dxn1(c + dm*(b*n + i)) * norm1(c) - &
+                & t * t2)
+            norm1_dweight_part(c + dm*p) = norm1_dweight_part(c + dm*p) + dxn1(c + dm*(b*n + i)) * t
           end do
         end do
       end do

@@ -147,6 +147,34 @@ def test_partial_sums_refuses_a_nest_that_is_not_a_sum_over_its_axis():
         PartialSums("dx", "i", 4)(onf)
 
 
+def test_partial_sums_run_a_row_nest_inside_the_parts():
+    """dx's row loops are the parts' loops over b and i: one nest, dx's store inside it,
+    x read once per row, and the values unchanged (the ONF interpreter at rows that leave
+    the last part short)."""
+    onf = onf_of("rmsnorm_bwd", "dnf")
+    assert [n.label for n in onf.nests] == ["dweight.partial", "dweight"]
+    stores = {s.array for s in walk(onf.nests[0].body) if isinstance(s, Store)}
+    assert stores == {"dx", "dweight_part"}
+    r = np.random.default_rng(5)
+    x, dz = r.standard_normal((2, 2, 19, 6))
+    w = r.standard_normal(6)
+    inv_rms = 1 / np.sqrt((x * x).mean(-1) + 1e-5)
+    arrays = dict(x=x, weight=w, inv_rms=inv_rms, dz=dz)
+    got = run_onf(onf, arrays, {})
+    want = reference_block.rmsnorm_bwd_numpy(x, w, inv_rms, dz)
+    np.testing.assert_allclose(got["dx"], want[0], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(got["dweight"], want[1], rtol=1e-13, atol=1e-13)
+
+
+def test_partial_sums_refuse_a_row_nest_over_other_rows():
+    k = get_kernel("rmsnorm_bwd")
+    onf = initial_onf(k.dnf("dnf"), "dnf")
+    with pytest.raises(ScheduleError, match="does not start with loops over the rows"):
+        PartialSums("dweight", "i", 4, rows="dweight")(onf)
+    with pytest.raises(ScheduleError, match="has no nest 'dy'"):
+        PartialSums("dweight", "i", 4, rows="dy")(onf)
+
+
 def test_dweight_is_bitwise_the_same_on_one_and_two_threads(session_build_dir):
     """Sixteen parts whatever the threads, each summed in one order, merged in order."""
     runtime.load("rmsnorm_bwd", "dnf", "c", "float64")  # built once, here

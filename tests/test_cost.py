@@ -184,15 +184,17 @@ def test_rmsnorm_moves_x_in_z_out_and_a_number_a_row_and_naive_reads_x_twice():
     assert sympy.expand(naive.M - dnf.M - 8 * (batch * n * d + batch * n)) == 0
 
 
-def test_rmsnorm_backward_reads_x_and_dz_twice_and_keeps_no_row_of_x_over_r():
-    """dx reads x, dz and the statistic; dweight's partial sums read them again (a fusion
-    of the two passes is left for later). The only scratch is 16 partial rows of d."""
-    cost = model.predict("rmsnorm_bwd", "dnf")
+@pytest.mark.parametrize("variant, passes", [("naive", 2), ("dnf", 1)])
+def test_rmsnorm_backward_reads_x_and_dz_once_when_dx_runs_inside_the_parts(variant, passes):
+    """naive: dx reads x, dz and the statistic, dweight's partial sums read them again; dnf
+    computes a row's dx inside the part that sums it. The only scratch is 16 partial rows
+    of d."""
+    cost = model.predict("rmsnorm_bwd", variant)
     n, d, batch = sym("n"), sym("d"), sym("batch")
     # x, dz, dx, the statistic; weight, dweight and the partial rows once
     assert sympy.expand(cost.M_min - 8 * (3 * batch * n * d + batch * n + 2 * d + 16 * d)) == 0
     for array in ("x", "dz"):
-        assert sympy.expand(cost.traffic[array].read - 2 * batch * n * d) == 0
+        assert sympy.expand(cost.traffic[array].read - passes * batch * n * d) == 0
     assert sympy.expand(cost.scratch_bytes - 8 * 16 * d) == 0
     assert not cost.atomics
 

@@ -54,3 +54,14 @@ def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_di
     impls = [impl for job in jobs for group in job.groups for impl in group["impls"]]
     assert ["c", "online", record["params"]] in impls
     assert ["c", "dnf", None] in impls  # no parameters: nothing chosen
+
+
+def test_a_choice_for_parameters_the_variant_no_longer_has_is_left_out(capsys):
+    """A schedule changed since the machine was tuned: its defaults run, with a warning."""
+    stale = {"rmsnorm_bwd:dnf:c:float64": {"params": {"rows": 2}},
+             "mlp_fwd:tiled:c:float64": {"params": {"mr": 4, "nr": 8, "row_block": 0}}}
+    assert tune.chosen(stale, "rmsnorm_bwd", "dnf", "c", "float64") is None
+    assert "rmsnorm_bwd dnf c float64 (rows=2) are not the variant's parameters" in \
+        capsys.readouterr().err
+    assert tune.chosen(stale, "mlp_fwd", "tiled", "c", "float64") == \
+        {"mr": 4, "nr": 8, "row_block": 0}

@@ -8,6 +8,7 @@ this machine's choice and records the parameters it ran with in every result."""
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 
 from moagen.bench import cases
@@ -89,9 +90,20 @@ def load_choices(path=DEFAULT_FILE) -> dict:
 
 
 def chosen(choices: dict, kernel, variant, lang, dtype):
-    """The parameters tuned for this kernel variant, or None (the defaults)."""
+    """The parameters tuned for this kernel variant, or None (the defaults). A choice made
+    for other parameters than the variant has now (its schedule changed since) is stale:
+    it is left out, with a warning."""
+    from moagen.kernels import get_kernel
+
     record = choices.get(_key(kernel, variant, lang, dtype))
-    return record["params"] if record else None
+    if not record:
+        return None
+    if set(record["params"]) != set(get_kernel(kernel).variant(variant).defaults):
+        print(f"moagen: the tuned parameters of {kernel} {variant} {lang} {dtype} "
+              f"({_format(record['params'])}) are not the variant's parameters now: "
+              "running its defaults; run `moagen tune` again", file=sys.stderr)
+        return None
+    return record["params"]
 
 
 def save(records, path=DEFAULT_FILE):

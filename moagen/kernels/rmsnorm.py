@@ -74,10 +74,13 @@ FORWARD_VARIANTS = {
 }
 PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on the threads
 BACKWARD_VARIANTS = {
-    "dnf": Tunable(frozenset(), lambda rows: (PartialSums("dweight", "i", PARTS), Hoist(),
-                                              *rows_together("dx", ROWS, rows),
-                                              Parallel(("p",), nest="dweight.partial")),
-                   defaults={"rows": 1}, space=ROW_SPACE),
+    # dx row by row, then dweight's partial sums: x and dz are read twice
+    "naive": (frozenset(), (PartialSums("dweight", "i", PARTS), Hoist(), Parallel(ROWS, nest="dx"),
+                            Parallel(("p",), nest="dweight.partial"))),
+    # one pass: each part's rows compute their dx and add to the part's dweight while the row
+    # is in cache
+    "dnf": (frozenset(), (PartialSums("dweight", "i", PARTS, rows="dx"), Hoist(),
+                          Parallel(("p",), nest="dweight.partial"))),
 }
 
 # the forward's scaling alone, from a kept statistic: how a backward recomputes x / r

@@ -81,7 +81,7 @@ class FuseNests:
         self._check_same_iteration(chosen, chains[0])
         order = sorted(chosen, key=onf.nests.index)
         self._check_movable(onf, order)
-        body = _fuse_siblings([s for n in order for s in perfect_chain(n.body, len(self.over))[-1].body])
+        body = fuse_siblings([s for n in order for s in perfect_chain(n.body, len(self.over))[-1].body])
         fused = Nest(order[0].target, enclose(chains[0], body),
                      "\n".join(n.origin for n in order), self.name)
         # the fused nest runs where the last of its members ran
@@ -94,7 +94,7 @@ class FuseNests:
         last = onf.nests.index(order[-1])
         for member in order[:-1]:
             for other in onf.nests[onf.nests.index(member) + 1:last]:
-                if other not in order and not _independent(_as_block(member), _as_block(other)):
+                if other not in order and not independent(as_block(member), as_block(other)):
                     raise ScheduleError(f"{self}: nest {member.label} cannot move past nest "
                                         f"{other.label}, which shares data with it")
 
@@ -112,7 +112,7 @@ class FuseNests:
             written |= {s.array for s in walk(n.body) if isinstance(s, Store)}
 
 
-def _as_block(nest):
+def as_block(nest):
     return Loop(sympy.Symbol("_nest"), sympy.Integer(0), sympy.Integer(1), nest.body)
 
 
@@ -120,7 +120,7 @@ def _index_symbols(index):
     return {i for i in index if isinstance(i, sympy.Symbol)}
 
 
-def _fuse_siblings(block):
+def fuse_siblings(block):
     """Merge each loop into the nearest earlier sibling over the same range when neither
     depends on the other nor on anything between them; then fuse inside the merged body."""
     out = []
@@ -129,7 +129,7 @@ def _fuse_siblings(block):
         if target is None:
             out.append(s)
         else:
-            out[target] = replace(out[target], body=_fuse_siblings(out[target].body + s.body))
+            out[target] = replace(out[target], body=fuse_siblings(out[target].body + s.body))
     return tuple(out)
 
 
@@ -138,13 +138,13 @@ def _fusion_partner(out, loop):
         other = out[pos]
         if (isinstance(other, Loop) and other.var == loop.var and other.start == loop.start
                 and other.stop == loop.stop and not other.parallel and not loop.parallel):
-            return pos if _independent(other, loop) else None
-        if not _independent(other, loop):
+            return pos if independent(other, loop) else None
+        if not independent(other, loop):
             return None
     return None
 
 
-def _independent(a, b) -> bool:
+def independent(a, b) -> bool:
     """No value flows between a and b and they write different things."""
     reads_a, writes_a = _effects(a)
     reads_b, writes_b = _effects(b)

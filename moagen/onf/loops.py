@@ -108,6 +108,21 @@ def map_stmt_exprs(s: Stmt, fn) -> Stmt:
     return replace(s, value=fn(s.value))
 
 
+def subs_stmts(stmts, at: dict):
+    """stmts with index symbols substituted (sympy Symbol -> expression) in loop bounds,
+    store indices and every expression."""
+    def sub(s):
+        if isinstance(s, Loop):
+            return replace(s, start=s.start.xreplace(at), stop=s.stop.xreplace(at),
+                           body=tuple(sub(b) for b in s.body))
+        s = map_stmt_exprs(s, lambda e: S.subs(e, at))
+        if isinstance(s, Store):
+            return replace(s, index=tuple(sympy.sympify(i).xreplace(at) for i in s.index))
+        return s
+
+    return tuple(sub(s) for s in stmts)
+
+
 def find_nest(onf: "ONF", label: str, who) -> "Nest":
     """The nest called label; ScheduleError naming the transform `who` and the nests there
     are otherwise."""

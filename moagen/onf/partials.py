@@ -11,6 +11,11 @@ one summed axis (i) into a fixed number of parts:
 
 Inside a part the output loops are innermost, over contiguous elements; whatever depends
 only on the row (a row's statistic) is hoisted out of them by a later Hoist.
+
+With `rows`, a nest that walks the same rows, `for b: for i: R(b, i)` (RMSNorm's dx), runs
+inside the parts' row loops, before the row's accumulation: each row is read from memory
+once for both. Legal when neither nest reads what the other writes (and no nest between
+them touches what R writes): R(b, i) then runs once per row, as before, in another order.
 """
 from dataclasses import dataclass, replace
 
@@ -19,7 +24,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest
+from moagen.onf.fusion import as_block, fuse_siblings, independent
+from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest,
+                              perfect_chain, subs_stmts)
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
 
@@ -29,6 +36,7 @@ class PartialSums:
     nest: str
     var: str  # the summed axis cut into parts
     parts: int
+    rows: str = ""  # a nest over the same rows to run inside the parts
 
     def __str__(self):
         return f"partial_sums({self.nest}, {self.var}, {self.parts})"
@@ -65,14 +73,38 @@ class PartialSums:
                 loop = replace(loop, start=p * chunk, stop=sympy.Min(red.extent, p * chunk + chunk))
             sum_loops.append(loop)
         zero = enclose(out_loops, (Store(part, part_index, S.Num(0.0)),))
-        add = enclose(sum_loops + out_loops, (Store(part, part_index, body, accumulate="+"),))
+        add = enclose(out_loops, (Store(part, part_index, body, accumulate="+"),))
+        origin = nest.origin
+        if self.rows:
+            rows, row_body = self._row_body(onf, nest, sum_loops, [r.extent for r in sums])
+            add, origin = fuse_siblings(row_body + add), f"{rows.origin}\n{origin}"
+        add = enclose(sum_loops, add)
         partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
-                                          zero + add),), nest.origin, f"{nest.label}.partial")
+                                          zero + add),), origin, f"{nest.label}.partial")
         total = S.Reduction("+", p, sympy.Integer(self.parts), S.Access(part, part_index),
                             f"{store.array}_sum")
         merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)))
         nests = []
         for n in onf.nests:
-            nests += [partial, merge] if n is nest else [n]
+            if n is nest:
+                nests += [partial, merge]
+            elif n.label != self.rows:
+                nests.append(n)
         return replace(onf.with_nests(nests, str(self)),
                        temps=onf.temps + (Buffer(part, (sympy.Integer(self.parts),) + shape),))
+
+    def _row_body(self, onf, nest, sum_loops, extents):
+        """The rows nest and its body inside its row loops, in the parts' loop variables."""
+        rows = find_nest(onf, self.rows, self)
+        chain = perfect_chain(rows.body, len(sum_loops))
+        if chain is None or [(lp.start, lp.stop) for lp in chain] != \
+                [(sympy.Integer(0), e) for e in extents]:
+            raise ScheduleError(f"{self}: nest {self.rows} does not start with loops over the "
+                                f"rows nest {self.nest} sums over")
+        first, last = sorted((onf.nests.index(rows), onf.nests.index(nest)))
+        for other in onf.nests[first:last + 1]:
+            if other is not rows and not independent(as_block(rows), as_block(other)):
+                raise ScheduleError(f"{self}: nest {self.rows} shares data with nest "
+                                    f"{other.label}: it cannot run inside the parts")
+        return rows, subs_stmts(chain[-1].body, {lp.var: own.var
+                                                 for lp, own in zip(chain, sum_loops)})

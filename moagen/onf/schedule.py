@@ -314,11 +314,12 @@ class Parallel(Transform):
 
 def _block_owner(loop):
     """The variable v whose iterations own disjoint blocks of this loop, if its range is
-    [T*v + a, at most T*v + a + T) (a block's rows): a store indexed by the loop is then
-    indexed by v as far as races go. None otherwise."""
+    [T*v + a, at most T*v + a + T) with T free of v (a block's rows; T = 0 or less leaves
+    the range empty): a store indexed by the loop is then indexed by v as far as races go.
+    None otherwise."""
     for v in loop.start.free_symbols:
         step = sympy.diff(loop.start, v)
-        if not (step.is_Integer and step > 0) or loop.start.diff(v, 2) != 0:
+        if step == 0 or v in step.free_symbols or loop.start.diff(v, 2) != 0:
             continue
         ends = loop.stop.args if isinstance(loop.stop, sympy.Min) else (loop.stop,)
         if any(sympy.simplify(end - loop.start - step).is_nonpositive for end in ends):

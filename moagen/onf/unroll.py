@@ -23,8 +23,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest,
-                              map_stmt_exprs, stmt_exprs, walk)
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
+                              loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts, walk)
 from moagen.onf.names import Names
 from moagen.onf.reductions import lower_reductions
 from moagen.onf.schedule import Parallel, kernel_names
@@ -102,18 +102,14 @@ def _copy(stmts, var, value, u, names):
         if isinstance(s, Let) and s.name not in rename:
             rename[s.name] = names.claim(names.new(f"{s.name}_{u}"))
             names.locals.add(rename[s.name])
-    at = {var: value}
+    renamed = (map_stmt_exprs(s, lambda e: S.rename_locals(e, rename)) for s in stmts)
+    return tuple(_rename_lets(s, rename) for s in subs_stmts(renamed, {var: value}))
 
-    def copy(s):
-        if isinstance(s, Loop):
-            return replace(s, start=s.start.xreplace(at), stop=s.stop.xreplace(at),
-                           body=tuple(copy(b) for b in s.body))
-        s = map_stmt_exprs(s, lambda e: S.rename_locals(S.subs(e, at), rename))
-        if isinstance(s, Store):
-            return replace(s, index=tuple(sympy.sympify(i).xreplace(at) for i in s.index))
-        return replace(s, name=rename.get(s.name, s.name))
 
-    return tuple(copy(s) for s in stmts)
+def _rename_lets(s, rename):
+    if isinstance(s, Loop):
+        return replace(s, body=tuple(_rename_lets(b, rename) for b in s.body))
+    return replace(s, name=rename.get(s.name, s.name)) if isinstance(s, (Let, Update)) else s
 
 
 def _jam(transform, copies):
