@@ -116,14 +116,18 @@ void attention_decode_online_f64(
                 const double new_max_1 = fmax(row_max_1, score_1);
                 const double new_max_2 = fmax(row_max_2, score_2);
                 const double new_max_3 = fmax(row_max_3, score_3);
-                const double rescale_0 = exp(row_max_0 - new_max_0);
-                const double rescale_1 = exp(row_max_1 - new_max_1);
-                const double rescale_2 = exp(row_max_2 - new_max_2);
-                const double rescale_3 = exp(row_max_3 - new_max_3);
-                const double p_0 = exp(score_0 - new_max_0);
-                const double p_1 = exp(score_1 - new_max_1);
-                const double p_2 = exp(score_2 - new_max_2);
-                const double p_3 = exp(score_3 - new_max_3);
+                const double exp_gap_0 = exp(fmin(row_max_0, score_0) - new_max_0);
+                const double exp_gap_1 = exp(fmin(row_max_1, score_1) - new_max_1);
+                const double exp_gap_2 = exp(fmin(row_max_2, score_2) - new_max_2);
+                const double exp_gap_3 = exp(fmin(row_max_3, score_3) - new_max_3);
+                const double rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0);
+                const double rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0);
+                const double rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0);
+                const double rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0);
+                const double p_0 = (score_0 > row_max_0 ? 1.0 : exp_gap_0);
+                const double p_1 = (score_1 > row_max_1 ? 1.0 : exp_gap_1);
+                const double p_2 = (score_2 > row_max_2 ? 1.0 : exp_gap_2);
+                const double p_3 = (score_3 > row_max_3 ? 1.0 : exp_gap_3);
                 row_sum_0 = row_sum_0 * rescale_0 + p_0;
                 row_sum_1 = row_sum_1 * rescale_1 + p_1;
                 row_sum_2 = row_sum_2 * rescale_2 + p_2;
@@ -224,8 +228,9 @@ void attention_decode_online_f64(
                 }
                 const double score = scale * qk;
                 const double new_max = fmax(row_max, score);
-                const double rescale = exp(row_max - new_max);
-                const double p = exp(score - new_max);
+                const double exp_gap = exp(fmin(row_max, score) - new_max);
+                const double rescale = (score > row_max ? exp_gap : 1.0);
+                const double p = (score > row_max ? 1.0 : exp_gap);
                 row_sum = row_sum * rescale + p;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {
@@ -352,14 +357,18 @@ void attention_decode_online_f32(
                 const float new_max_1 = fmaxf(row_max_1, score_1);
                 const float new_max_2 = fmaxf(row_max_2, score_2);
                 const float new_max_3 = fmaxf(row_max_3, score_3);
-                const float rescale_0 = expf(row_max_0 - new_max_0);
-                const float rescale_1 = expf(row_max_1 - new_max_1);
-                const float rescale_2 = expf(row_max_2 - new_max_2);
-                const float rescale_3 = expf(row_max_3 - new_max_3);
-                const float p_0 = expf(score_0 - new_max_0);
-                const float p_1 = expf(score_1 - new_max_1);
-                const float p_2 = expf(score_2 - new_max_2);
-                const float p_3 = expf(score_3 - new_max_3);
+                const float exp_gap_0 = expf(fminf(row_max_0, score_0) - new_max_0);
+                const float exp_gap_1 = expf(fminf(row_max_1, score_1) - new_max_1);
+                const float exp_gap_2 = expf(fminf(row_max_2, score_2) - new_max_2);
+                const float exp_gap_3 = expf(fminf(row_max_3, score_3) - new_max_3);
+                const float rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0f);
+                const float rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0f);
+                const float rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0f);
+                const float rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0f);
+                const float p_0 = (score_0 > row_max_0 ? 1.0f : exp_gap_0);
+                const float p_1 = (score_1 > row_max_1 ? 1.0f : exp_gap_1);
+                const float p_2 = (score_2 > row_max_2 ? 1.0f : exp_gap_2);
+                const float p_3 = (score_3 > row_max_3 ? 1.0f : exp_gap_3);
                 row_sum_0 = row_sum_0 * rescale_0 + p_0;
                 row_sum_1 = row_sum_1 * rescale_1 + p_1;
                 row_sum_2 = row_sum_2 * rescale_2 + p_2;
@@ -460,8 +469,9 @@ void attention_decode_online_f32(
                 }
                 const float score = scale * qk;
                 const float new_max = fmaxf(row_max, score);
-                const float rescale = expf(row_max - new_max);
-                const float p = expf(score - new_max);
+                const float exp_gap = expf(fminf(row_max, score) - new_max);
+                const float rescale = (score > row_max ? exp_gap : 1.0f);
+                const float p = (score > row_max ? 1.0f : exp_gap);
                 row_sum = row_sum * rescale + p;
                 #pragma omp simd
                 for (int64_t c = 0; c < d; ++c) {

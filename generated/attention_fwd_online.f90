@@ -21,8 +21,9 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, i
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, &
-        & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-        & p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
+        & new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, &
+        & rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, &
+        & score, new_max, exp_gap, rescale, p
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -65,7 +66,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
     !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -108,14 +110,18 @@ contains
               new_max_1 = max(row_max_1, score_1)
               new_max_2 = max(row_max_2, score_2)
               new_max_3 = max(row_max_3, score_3)
-              rescale_0 = exp(row_max_0 - new_max_0)
-              rescale_1 = exp(row_max_1 - new_max_1)
-              rescale_2 = exp(row_max_2 - new_max_2)
-              rescale_3 = exp(row_max_3 - new_max_3)
-              p_0 = exp(score_0 - new_max_0)
-              p_1 = exp(score_1 - new_max_1)
-              p_2 = exp(score_2 - new_max_2)
-              p_3 = exp(score_3 - new_max_3)
+              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+              rescale_0 = merge(exp_gap_0, 1.0_c_double, score_0 > row_max_0)
+              rescale_1 = merge(exp_gap_1, 1.0_c_double, score_1 > row_max_1)
+              rescale_2 = merge(exp_gap_2, 1.0_c_double, score_2 > row_max_2)
+              rescale_3 = merge(exp_gap_3, 1.0_c_double, score_3 > row_max_3)
+              p_0 = merge(1.0_c_double, exp_gap_0, score_0 > row_max_0)
+              p_1 = merge(1.0_c_double, exp_gap_1, score_1 > row_max_1)
+              p_2 = merge(1.0_c_double, exp_gap_2, score_2 > row_max_2)
+              p_3 = merge(1.0_c_double, exp_gap_3, score_3 > row_max_3)
               row_sum_0 = row_sum_0 * rescale_0 + p_0
               row_sum_1 = row_sum_1 * rescale_1 + p_1
               row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -192,7 +198,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, rescale, p)
+    !$omp& score, new_max, exp_gap, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -211,8 +217,9 @@ contains
               end do
               score = scale * qk
               new_max = max(row_max, score)
-              rescale = exp(row_max - new_max)
-              p = exp(score - new_max)
+              exp_gap = exp(min(row_max, score) - new_max)
+              rescale = merge(exp_gap, 1.0_c_double, score > row_max)
+              p = merge(1.0_c_double, exp_gap, score > row_max)
               row_sum = row_sum * rescale + p
               !$omp simd
               do c = 0, d - 1
@@ -245,8 +252,9 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j_blk, j, i
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-        & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
-        & p_2, p_3, row_max, row_sum, qk, score, new_max, rescale, p
+        & new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, &
+        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
+        & new_max, exp_gap, rescale, p
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -289,7 +297,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
     !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -332,14 +341,18 @@ contains
               new_max_1 = max(row_max_1, score_1)
               new_max_2 = max(row_max_2, score_2)
               new_max_3 = max(row_max_3, score_3)
-              rescale_0 = exp(row_max_0 - new_max_0)
-              rescale_1 = exp(row_max_1 - new_max_1)
-              rescale_2 = exp(row_max_2 - new_max_2)
-              rescale_3 = exp(row_max_3 - new_max_3)
-              p_0 = exp(score_0 - new_max_0)
-              p_1 = exp(score_1 - new_max_1)
-              p_2 = exp(score_2 - new_max_2)
-              p_3 = exp(score_3 - new_max_3)
+              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+              rescale_0 = merge(exp_gap_0, 1.0_c_float, score_0 > row_max_0)
+              rescale_1 = merge(exp_gap_1, 1.0_c_float, score_1 > row_max_1)
+              rescale_2 = merge(exp_gap_2, 1.0_c_float, score_2 > row_max_2)
+              rescale_3 = merge(exp_gap_3, 1.0_c_float, score_3 > row_max_3)
+              p_0 = merge(1.0_c_float, exp_gap_0, score_0 > row_max_0)
+              p_1 = merge(1.0_c_float, exp_gap_1, score_1 > row_max_1)
+              p_2 = merge(1.0_c_float, exp_gap_2, score_2 > row_max_2)
+              p_3 = merge(1.0_c_float, exp_gap_3, score_3 > row_max_3)
               row_sum_0 = row_sum_0 * rescale_0 + p_0
               row_sum_1 = row_sum_1 * rescale_1 + p_1
               row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -416,7 +429,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, rescale, p)
+    !$omp& score, new_max, exp_gap, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -435,8 +448,9 @@ contains
               end do
               score = scale * qk
               new_max = max(row_max, score)
-              rescale = exp(row_max - new_max)
-              p = exp(score - new_max)
+              exp_gap = exp(min(row_max, score) - new_max)
+              rescale = merge(exp_gap, 1.0_c_float, score > row_max)
+              p = merge(1.0_c_float, exp_gap, score > row_max)
               row_sum = row_sum * rescale + p
               !$omp simd
               do c = 0, d - 1

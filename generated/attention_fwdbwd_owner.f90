@@ -27,11 +27,12 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j, i, j_tile
     real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, &
         & row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, &
-        & new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
-        & p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, row_sum, qk, &
-        & score, new_max, rescale, p, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, &
-        & dov_3, t2_0, t2_1, t2_2, t2_3, dov, t2, qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, &
-        & t3_3, dov_02, dov_12, dov_22, dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
+        & new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, &
+        & rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, &
+        & rowdot_2, rowdot_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, rowdot, &
+        & qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t2_0, t2_1, t2_2, t2_3, dov, &
+        & t2, qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, dov_12, dov_22, dov_32, &
+        & t4_0, t4_1, t4_2, t4_3, t3, t4
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -75,8 +76,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j, row_max_0, row_max_1, row_max_2, &
     !$omp& row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
     !$omp& score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, &
-    !$omp& rowdot_2, rowdot_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -118,14 +119,18 @@ contains
             new_max_1 = max(row_max_1, score_1)
             new_max_2 = max(row_max_2, score_2)
             new_max_3 = max(row_max_3, score_3)
-            rescale_0 = exp(row_max_0 - new_max_0)
-            rescale_1 = exp(row_max_1 - new_max_1)
-            rescale_2 = exp(row_max_2 - new_max_2)
-            rescale_3 = exp(row_max_3 - new_max_3)
-            p_0 = exp(score_0 - new_max_0)
-            p_1 = exp(score_1 - new_max_1)
-            p_2 = exp(score_2 - new_max_2)
-            p_3 = exp(score_3 - new_max_3)
+            exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+            exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+            exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+            exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+            rescale_0 = merge(exp_gap_0, 1.0_c_double, score_0 > row_max_0)
+            rescale_1 = merge(exp_gap_1, 1.0_c_double, score_1 > row_max_1)
+            rescale_2 = merge(exp_gap_2, 1.0_c_double, score_2 > row_max_2)
+            rescale_3 = merge(exp_gap_3, 1.0_c_double, score_3 > row_max_3)
+            p_0 = merge(1.0_c_double, exp_gap_0, score_0 > row_max_0)
+            p_1 = merge(1.0_c_double, exp_gap_1, score_1 > row_max_1)
+            p_2 = merge(1.0_c_double, exp_gap_2, score_2 > row_max_2)
+            p_3 = merge(1.0_c_double, exp_gap_3, score_3 > row_max_3)
             row_sum_0 = row_sum_0 * rescale_0 + p_0
             row_sum_1 = row_sum_1 * rescale_1 + p_1
             row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -221,7 +226,7 @@ contains
     !                )
     ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
     !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, row_sum, qk, score, &
-    !$omp& new_max, rescale, p, rowdot)
+    !$omp& new_max, exp_gap, rescale, p, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -239,8 +244,9 @@ contains
             end do
             score = scale * qk
             new_max = max(row_max, score)
-            rescale = exp(row_max - new_max)
-            p = exp(score - new_max)
+            exp_gap = exp(min(row_max, score) - new_max)
+            rescale = merge(exp_gap, 1.0_c_double, score > row_max)
+            p = merge(1.0_c_double, exp_gap, score > row_max)
             row_sum = row_sum * rescale + p
             !$omp simd
             do c = 0, d - 1
@@ -555,11 +561,12 @@ contains
     integer(c_int64_t) :: b, h, i_tile, c, j, i, j_tile
     real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, &
         & row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, score_1, score_2, score_3, new_max_0, &
-        & new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
-        & p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3, row_max, row_sum, qk, score, new_max, &
-        & rescale, p, rowdot, qk_02, qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t2_0, t2_1, &
-        & t2_2, t2_3, dov, t2, qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, &
-        & dov_12, dov_22, dov_32, t4_0, t4_1, t4_2, t4_3, t3, t4
+        & new_max_1, new_max_2, new_max_3, exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, &
+        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, &
+        & rowdot_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, rowdot, qk_02, &
+        & qk_12, qk_22, qk_32, dov_0, dov_1, dov_2, dov_3, t2_0, t2_1, t2_2, t2_3, dov, t2, &
+        & qk_03, qk_13, qk_23, qk_33, t3_0, t3_1, t3_2, t3_3, dov_02, dov_12, dov_22, dov_32, &
+        & t4_0, t4_1, t4_2, t4_3, t3, t4
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -603,8 +610,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j, row_max_0, row_max_1, row_max_2, &
     !$omp& row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
     !$omp& score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, &
-    !$omp& rowdot_2, rowdot_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3, rowdot_0, rowdot_1, rowdot_2, rowdot_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -646,14 +653,18 @@ contains
             new_max_1 = max(row_max_1, score_1)
             new_max_2 = max(row_max_2, score_2)
             new_max_3 = max(row_max_3, score_3)
-            rescale_0 = exp(row_max_0 - new_max_0)
-            rescale_1 = exp(row_max_1 - new_max_1)
-            rescale_2 = exp(row_max_2 - new_max_2)
-            rescale_3 = exp(row_max_3 - new_max_3)
-            p_0 = exp(score_0 - new_max_0)
-            p_1 = exp(score_1 - new_max_1)
-            p_2 = exp(score_2 - new_max_2)
-            p_3 = exp(score_3 - new_max_3)
+            exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+            exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+            exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+            exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+            rescale_0 = merge(exp_gap_0, 1.0_c_float, score_0 > row_max_0)
+            rescale_1 = merge(exp_gap_1, 1.0_c_float, score_1 > row_max_1)
+            rescale_2 = merge(exp_gap_2, 1.0_c_float, score_2 > row_max_2)
+            rescale_3 = merge(exp_gap_3, 1.0_c_float, score_3 > row_max_3)
+            p_0 = merge(1.0_c_float, exp_gap_0, score_0 > row_max_0)
+            p_1 = merge(1.0_c_float, exp_gap_1, score_1 > row_max_1)
+            p_2 = merge(1.0_c_float, exp_gap_2, score_2 > row_max_2)
+            p_3 = merge(1.0_c_float, exp_gap_3, score_3 > row_max_3)
             row_sum_0 = row_sum_0 * rescale_0 + p_0
             row_sum_1 = row_sum_1 * rescale_1 + p_1
             row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -749,7 +760,7 @@ contains
     !                )
     ! delta[b, h, i] = sum[c11 < d]((<b h i c11> psi dO) * (<b h i c11> psi O))
     !$omp parallel do collapse(3) schedule(static) private(c, j, row_max, row_sum, qk, score, &
-    !$omp& new_max, rescale, p, rowdot)
+    !$omp& new_max, exp_gap, rescale, p, rowdot)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -767,8 +778,9 @@ contains
             end do
             score = scale * qk
             new_max = max(row_max, score)
-            rescale = exp(row_max - new_max)
-            p = exp(score - new_max)
+            exp_gap = exp(min(row_max, score) - new_max)
+            rescale = merge(exp_gap, 1.0_c_float, score > row_max)
+            p = merge(1.0_c_float, exp_gap, score > row_max)
             row_sum = row_sum * rescale + p
             !$omp simd
             do c = 0, d - 1

@@ -55,9 +55,10 @@ contains
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
         & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
         & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
-        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, &
-        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
-        & new_max, rescale, p, heads_sum, ow, xg, xu, hw
+        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, &
+        & exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
+        & p_2, p_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, heads_sum, ow, xg, &
+        & xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -865,7 +866,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
     !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -909,14 +911,18 @@ contains
               new_max_1 = max(row_max_1, score_1)
               new_max_2 = max(row_max_2, score_2)
               new_max_3 = max(row_max_3, score_3)
-              rescale_0 = exp(row_max_0 - new_max_0)
-              rescale_1 = exp(row_max_1 - new_max_1)
-              rescale_2 = exp(row_max_2 - new_max_2)
-              rescale_3 = exp(row_max_3 - new_max_3)
-              p_0 = exp(score_0 - new_max_0)
-              p_1 = exp(score_1 - new_max_1)
-              p_2 = exp(score_2 - new_max_2)
-              p_3 = exp(score_3 - new_max_3)
+              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+              rescale_0 = merge(exp_gap_0, 1.0_c_double, score_0 > row_max_0)
+              rescale_1 = merge(exp_gap_1, 1.0_c_double, score_1 > row_max_1)
+              rescale_2 = merge(exp_gap_2, 1.0_c_double, score_2 > row_max_2)
+              rescale_3 = merge(exp_gap_3, 1.0_c_double, score_3 > row_max_3)
+              p_0 = merge(1.0_c_double, exp_gap_0, score_0 > row_max_0)
+              p_1 = merge(1.0_c_double, exp_gap_1, score_1 > row_max_1)
+              p_2 = merge(1.0_c_double, exp_gap_2, score_2 > row_max_2)
+              p_3 = merge(1.0_c_double, exp_gap_3, score_3 > row_max_3)
               row_sum_0 = row_sum_0 * rescale_0 + p_0
               row_sum_1 = row_sum_1 * rescale_1 + p_1
               row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -994,7 +1000,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, rescale, p)
+    !$omp& score, new_max, exp_gap, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -1013,8 +1019,9 @@ contains
               end do
               score = scale * qk
               new_max = max(row_max, score)
-              rescale = exp(row_max - new_max)
-              p = exp(score - new_max)
+              exp_gap = exp(min(row_max, score) - new_max)
+              rescale = merge(exp_gap, 1.0_c_double, score > row_max)
+              p = merge(1.0_c_double, exp_gap, score > row_max)
               row_sum = row_sum * rescale + p
               !$omp simd
               do c = 0, dh - 1
@@ -2241,9 +2248,10 @@ contains
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
         & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
         & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
-        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, rescale_0, &
-        & rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3, row_max, row_sum, qk, score, &
-        & new_max, rescale, p, heads_sum, ow, xg, xu, hw
+        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, &
+        & exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
+        & p_2, p_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, heads_sum, ow, xg, &
+        & xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -3051,7 +3059,8 @@ contains
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
     !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
+    !$omp& rescale_3, p_0, p_1, p_2, p_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -3095,14 +3104,18 @@ contains
               new_max_1 = max(row_max_1, score_1)
               new_max_2 = max(row_max_2, score_2)
               new_max_3 = max(row_max_3, score_3)
-              rescale_0 = exp(row_max_0 - new_max_0)
-              rescale_1 = exp(row_max_1 - new_max_1)
-              rescale_2 = exp(row_max_2 - new_max_2)
-              rescale_3 = exp(row_max_3 - new_max_3)
-              p_0 = exp(score_0 - new_max_0)
-              p_1 = exp(score_1 - new_max_1)
-              p_2 = exp(score_2 - new_max_2)
-              p_3 = exp(score_3 - new_max_3)
+              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
+              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
+              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
+              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
+              rescale_0 = merge(exp_gap_0, 1.0_c_float, score_0 > row_max_0)
+              rescale_1 = merge(exp_gap_1, 1.0_c_float, score_1 > row_max_1)
+              rescale_2 = merge(exp_gap_2, 1.0_c_float, score_2 > row_max_2)
+              rescale_3 = merge(exp_gap_3, 1.0_c_float, score_3 > row_max_3)
+              p_0 = merge(1.0_c_float, exp_gap_0, score_0 > row_max_0)
+              p_1 = merge(1.0_c_float, exp_gap_1, score_1 > row_max_1)
+              p_2 = merge(1.0_c_float, exp_gap_2, score_2 > row_max_2)
+              p_3 = merge(1.0_c_float, exp_gap_3, score_3 > row_max_3)
               row_sum_0 = row_sum_0 * rescale_0 + p_0
               row_sum_1 = row_sum_1 * rescale_1 + p_1
               row_sum_2 = row_sum_2 * rescale_2 + p_2
@@ -3180,7 +3193,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, rescale, p)
+    !$omp& score, new_max, exp_gap, rescale, p)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -3199,8 +3212,9 @@ contains
               end do
               score = scale * qk
               new_max = max(row_max, score)
-              rescale = exp(row_max - new_max)
-              p = exp(score - new_max)
+              exp_gap = exp(min(row_max, score) - new_max)
+              rescale = merge(exp_gap, 1.0_c_float, score > row_max)
+              p = merge(1.0_c_float, exp_gap, score > row_max)
               row_sum = row_sum * rescale + p
               !$omp simd
               do c = 0, dh - 1

@@ -126,6 +126,9 @@ class Printer:
             return self.unary(e.fn, self.expr(e.arg), e.arg)
         if isinstance(e, S.Select):
             return self.select(self.index(e.cond), self.expr(e.then), self.expr(e.other))
+        if isinstance(e, S.IfGreater):
+            return self.select(f"{self.expr(e.left)} > {self.expr(e.right)}", self.expr(e.then),
+                               self.expr(e.other))
         raise TypeError(f"{type(self).__name__} cannot print {e!r}: lower reductions and "
                         f"apply the layout first")
 

@@ -21,6 +21,8 @@ def expr_ops(e) -> Counter:
     ops = Counter()
     if isinstance(e, S.Bin):
         ops["div" if e.op == "/" else FLOP] += 1
+    elif isinstance(e, S.IfGreater):
+        ops[FLOP] += 1  # the comparison
     elif isinstance(e, S.Un):
         ops[FLOP if e.fn == "neg" else e.fn] += 1
     for child in S.children(e):

@@ -287,6 +287,8 @@ def _flat(e) -> str:
     if isinstance(e, S.Select):
         cond = f"{e.cond.lhs} == {e.cond.rhs}" if isinstance(e.cond, sympy.Eq) else str(e.cond)
         return f"({_flat(e.then)} if {cond} else {_flat(e.other)})"
+    if isinstance(e, S.IfGreater):
+        return f"({_flat(e.then)} if {_flat(e.left)} > {_flat(e.right)} else {_flat(e.other)})"
     if isinstance(e, S.Reduction):
         return f"{_reduction_head(e)}({_flat(e.body)})"
     raise TypeError(e)

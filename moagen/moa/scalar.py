@@ -71,6 +71,16 @@ class Select(ScalarExpr):
 
 
 @dataclass(frozen=True)
+class IfGreater(ScalarExpr):
+    """`then` where the number left > right, else `other` (the online softmax's choice of
+    which of two exponentials is exp(0) = 1)."""
+    left: ScalarExpr
+    right: ScalarExpr
+    then: ScalarExpr
+    other: ScalarExpr
+
+
+@dataclass(frozen=True)
 class Reduction(ScalarExpr):
     """op over var in [0, extent) of body. `name` is the accumulator's name in code."""
     op: str  # "+" or "max"

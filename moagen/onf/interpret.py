@@ -184,6 +184,10 @@ class _Machine:
         if isinstance(e, S.Select):
             cond, then, other = index_fn(e.cond), self.expr(e.then), self.expr(e.other)
             return lambda ints, locs: then(ints, locs) if cond(ints) else other(ints, locs)
+        if isinstance(e, S.IfGreater):
+            left, right, then, other = map(self.expr, (e.left, e.right, e.then, e.other))
+            return lambda ints, locs: then(ints, locs) if left(ints, locs) > right(ints, locs) \
+                else other(ints, locs)
         if isinstance(e, S.Reduction):
             return self._reduction(e)
         raise TypeError(f"not a scalar expression: {e!r}")

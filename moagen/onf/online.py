@@ -13,6 +13,10 @@ and fuses the three passes over j into one, with a running max and sum:
            l = l * a + p;  X = X * a + p * g(j);  m = m'
     X = X / l
 
+One of a and p is exp(0) = 1 (a when s <= m, p when s > m), so one exponential per key
+suffices: e = exp(min(m, s) - m'), a = (s > m ? e : 1), p = (s > m ? 1 : e), bit for bit
+the same values (an exponential costs tens of multiply-adds' time).
+
 Preconditions, checked: the same f in all three (up to bound names); every use of m and l
 inside the loop is that exact quotient; every store inside accumulates a sum.
 """
@@ -89,11 +93,10 @@ def _rewrite(stmts, match, names, transform):
     between = [s for k, s in enumerate(stmts[mpos + 1:jpos], mpos + 1) if k != lpos]
     if any({m, l} & S.free_names(e) for s in walk(between) for e in stmt_exprs(s)):
         raise ScheduleError(f"{transform}: the row max or sum is used before the fused loop")
-    fresh = {}
-    for role in ("score", "new_max", "rescale", "p"):
-        fresh[role] = names.claim(names.new(role))
-        names.locals.add(fresh[role])
-    score, new_max, rescale, p = (S.Local(fresh[r]) for r in ("score", "new_max", "rescale", "p"))
+    roles = ("score", "new_max", "exp_gap", "rescale", "p")
+    fresh = {role: names.claim(names.new(role)) for role in roles}
+    names.locals.update(fresh.values())
+    score, new_max, gap, rescale, p = (S.Local(fresh[r]) for r in roles)
     quotient = S.alpha_key(S.Bin("/", S.Un("exp", S.Bin("-", f, S.Local(m))), S.Local(l)))
 
     def replace_quotient(e):
@@ -109,8 +112,9 @@ def _rewrite(stmts, match, names, transform):
     body = [_rescale(s, rescale.name, rescaled, (), transform) for s in body]
     head = [Let(fresh["score"], f),
             Let(fresh["new_max"], S.Bin("max", S.Local(m), score)),
-            Let(fresh["rescale"], S.Un("exp", S.Bin("-", S.Local(m), new_max))),
-            Let(fresh["p"], S.Un("exp", S.Bin("-", score, new_max))),
+            Let(fresh["exp_gap"], S.Un("exp", S.Bin("-", S.Bin("min", S.Local(m), score), new_max))),
+            Let(fresh["rescale"], S.IfGreater(score, S.Local(m), gap, S.Num(1.0))),
+            Let(fresh["p"], S.IfGreater(score, S.Local(m), S.Num(1.0), gap)),
             Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), p))]
     fused = replace(loop, body=tuple(head + body + [Update(m, "=", new_max)]))
     normalize = [enclose(loops, (replace(store, value=S.Bin("/", S.Access(store.array, store.index),
