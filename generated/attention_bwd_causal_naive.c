@@ -5,6 +5,13 @@
  */
 #include <math.h>
 #include <stdint.h>
+#ifdef MOAGEN_LIBMVEC
+/* exp has vector versions in glibc's libmvec (gfortran calls them for EXP in vectorized
+ * loops): declared so, a loop of exponentials vectorizes. moagen's build defines
+ * MOAGEN_LIBMVEC and links -lmvec where the library exists; built otherwise, exp is scalar. */
+double exp(double) __attribute__((__simd__("notinbranch")));
+float expf(float) __attribute__((__simd__("notinbranch")));
+#endif
 
 void attention_bwd_causal_naive_f64(
     const double *restrict Q,

@@ -5,6 +5,13 @@
  */
 #include <math.h>
 #include <stdint.h>
+#ifdef MOAGEN_LIBMVEC
+/* exp has vector versions in glibc's libmvec (gfortran calls them for EXP in vectorized
+ * loops): declared so, a loop of exponentials vectorizes. moagen's build defines
+ * MOAGEN_LIBMVEC and links -lmvec where the library exists; built otherwise, exp is scalar. */
+double exp(double) __attribute__((__simd__("notinbranch")));
+float expf(float) __attribute__((__simd__("notinbranch")));
+#endif
 
 __attribute__((optimize("no-tree-loop-vectorize")))
 static void block_fwd_composed_f64_qkv_Q(
@@ -34,6 +41,7 @@ static void block_fwd_composed_f64_qkv_Q(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -238,6 +246,7 @@ static void block_fwd_composed_f64_qkv_K(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -442,6 +451,7 @@ static void block_fwd_composed_f64_qkv_V(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -646,6 +656,7 @@ static void block_fwd_composed_f64_out_Y(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -851,6 +862,7 @@ static void block_fwd_composed_f64_mlp_U(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -1055,6 +1067,7 @@ static void block_fwd_composed_f64_mlp_H(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -1259,6 +1272,7 @@ static void block_fwd_composed_f64_mlp_F(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -1462,6 +1476,7 @@ void block_fwd_composed_f64(
     double *restrict qkv_Wq_panel,
     double *restrict qkv_Wk_panel,
     double *restrict qkv_Wv_panel,
+    double *restrict attn_probs,
     double *restrict out_Wo_panel,
     double *restrict mlp_H,
     double *restrict mlp_Wg_panel,
@@ -1512,7 +1527,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.Q.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -1547,7 +1562,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.K.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -1582,7 +1597,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.V.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -1671,42 +1686,75 @@ void block_fwd_composed_f64(
                             qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
                             qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
                         }
-                        const double score_0 = scale * qk_0;
-                        const double score_1 = scale * qk_1;
-                        const double score_2 = scale * qk_2;
-                        const double score_3 = scale * qk_3;
-                        const double new_max_0 = fmax(row_max_0, score_0);
-                        const double new_max_1 = fmax(row_max_1, score_1);
-                        const double new_max_2 = fmax(row_max_2, score_2);
-                        const double new_max_3 = fmax(row_max_3, score_3);
-                        const double exp_gap_0 = exp(fmin(row_max_0, score_0) - new_max_0);
-                        const double exp_gap_1 = exp(fmin(row_max_1, score_1) - new_max_1);
-                        const double exp_gap_2 = exp(fmin(row_max_2, score_2) - new_max_2);
-                        const double exp_gap_3 = exp(fmin(row_max_3, score_3) - new_max_3);
-                        const double rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0);
-                        const double rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0);
-                        const double rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0);
-                        const double rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0);
-                        const double p_0 = (score_0 > row_max_0 ? 1.0 : exp_gap_0);
-                        const double p_1 = (score_1 > row_max_1 ? 1.0 : exp_gap_1);
-                        const double p_2 = (score_2 > row_max_2 ? 1.0 : exp_gap_2);
-                        const double p_3 = (score_3 > row_max_3 ? 1.0 : exp_gap_3);
-                        row_sum_0 = row_sum_0 * rescale_0 + p_0;
-                        row_sum_1 = row_sum_1 * rescale_1 + p_1;
-                        row_sum_2 = row_sum_2 * rescale_2 + p_2;
-                        row_sum_3 = row_sum_3 * rescale_3 + p_3;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+                    }
+                    double block_max_0 = -INFINITY;
+                    double block_max_1 = -INFINITY;
+                    double block_max_2 = -INFINITY;
+                    double block_max_3 = -INFINITY;
+                    #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max_0 = fmax(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max_1 = fmax(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+                        block_max_2 = fmax(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+                        block_max_3 = fmax(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+                    }
+                    const double new_max_0 = fmax(row_max_0, block_max_0);
+                    const double new_max_1 = fmax(row_max_1, block_max_1);
+                    const double new_max_2 = fmax(row_max_2, block_max_2);
+                    const double new_max_3 = fmax(row_max_3, block_max_3);
+                    const double rescale_0 = exp(row_max_0 - new_max_0);
+                    const double rescale_1 = exp(row_max_1 - new_max_1);
+                    const double rescale_2 = exp(row_max_2 - new_max_2);
+                    const double rescale_3 = exp(row_max_3 - new_max_3);
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+                    }
+                    double block_sum_0 = 0.0;
+                    double block_sum_1 = 0.0;
+                    double block_sum_2 = 0.0;
+                    double block_sum_3 = 0.0;
+                    #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+                        block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+                    }
+                    row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+                    row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+                    row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+                    row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < dh; ++c) {
+                        attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const double t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const double t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const double t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+                        const double t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
                         }
-                        row_max_0 = new_max_0;
-                        row_max_1 = new_max_1;
-                        row_max_2 = new_max_2;
-                        row_max_3 = new_max_3;
                     }
+                    row_max_0 = new_max_0;
+                    row_max_1 = new_max_1;
+                    row_max_2 = new_max_2;
+                    row_max_3 = new_max_3;
                 }
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
@@ -1776,18 +1824,37 @@ void block_fwd_composed_f64(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                         }
-                        const double score = scale * qk;
-                        const double new_max = fmax(row_max, score);
-                        const double exp_gap = exp(fmin(row_max, score) - new_max);
-                        const double rescale = (score > row_max ? exp_gap : 1.0);
-                        const double p = (score > row_max ? 1.0 : exp_gap);
-                        row_sum = row_sum * rescale + p;
+                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                    }
+                    double block_max = -INFINITY;
+                    #pragma omp simd reduction(max:block_max)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max = fmax(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                    }
+                    const double new_max = fmax(row_max, block_max);
+                    const double rescale = exp(row_max - new_max);
+                    #pragma omp simd
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                    }
+                    double block_sum = 0.0;
+                    #pragma omp simd reduction(+:block_sum)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                    }
+                    row_sum = row_sum * rescale + block_sum;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < dh; ++c) {
+                        attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
                         }
-                        row_max = new_max;
                     }
+                    row_max = new_max;
                 }
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
@@ -1813,7 +1880,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* out.Y.edge: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -1869,7 +1936,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.U.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -1900,7 +1967,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.H.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -1931,7 +1998,7 @@ void block_fwd_composed_f64(
             }
         }
     }
-    block_fwd_composed_f64_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f64_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.F.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
@@ -1992,6 +2059,7 @@ static void block_fwd_composed_f32_qkv_Q(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -2196,6 +2264,7 @@ static void block_fwd_composed_f32_qkv_K(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -2400,6 +2469,7 @@ static void block_fwd_composed_f32_qkv_V(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -2604,6 +2674,7 @@ static void block_fwd_composed_f32_out_Y(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -2809,6 +2880,7 @@ static void block_fwd_composed_f32_mlp_U(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -3013,6 +3085,7 @@ static void block_fwd_composed_f32_mlp_H(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -3217,6 +3290,7 @@ static void block_fwd_composed_f32_mlp_F(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -3420,6 +3494,7 @@ void block_fwd_composed_f32(
     float *restrict qkv_Wq_panel,
     float *restrict qkv_Wk_panel,
     float *restrict qkv_Wv_panel,
+    float *restrict attn_probs,
     float *restrict out_Wo_panel,
     float *restrict mlp_H,
     float *restrict mlp_Wg_panel,
@@ -3470,7 +3545,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_qkv_Q(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.Q.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * Q[b, h, i, c] = sum[m < dm]((<b i m> psi X) * (<m h c> psi Wq))
@@ -3505,7 +3580,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_qkv_K(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.K.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * K[b, h, i, c] = sum[m2 < dm]((<b i m2> psi X) * (<m2 h c> psi Wk))
@@ -3540,7 +3615,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_qkv_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* qkv.V.edge: from the DNF
      * stage qkv: qkv_proj tiled
      * V[b, h, i, c] = sum[m3 < dm]((<b i m3> psi X) * (<m3 h c> psi Wv))
@@ -3629,42 +3704,75 @@ void block_fwd_composed_f32(
                             qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
                             qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
                         }
-                        const float score_0 = scale * qk_0;
-                        const float score_1 = scale * qk_1;
-                        const float score_2 = scale * qk_2;
-                        const float score_3 = scale * qk_3;
-                        const float new_max_0 = fmaxf(row_max_0, score_0);
-                        const float new_max_1 = fmaxf(row_max_1, score_1);
-                        const float new_max_2 = fmaxf(row_max_2, score_2);
-                        const float new_max_3 = fmaxf(row_max_3, score_3);
-                        const float exp_gap_0 = expf(fminf(row_max_0, score_0) - new_max_0);
-                        const float exp_gap_1 = expf(fminf(row_max_1, score_1) - new_max_1);
-                        const float exp_gap_2 = expf(fminf(row_max_2, score_2) - new_max_2);
-                        const float exp_gap_3 = expf(fminf(row_max_3, score_3) - new_max_3);
-                        const float rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0f);
-                        const float rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0f);
-                        const float rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0f);
-                        const float rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0f);
-                        const float p_0 = (score_0 > row_max_0 ? 1.0f : exp_gap_0);
-                        const float p_1 = (score_1 > row_max_1 ? 1.0f : exp_gap_1);
-                        const float p_2 = (score_2 > row_max_2 ? 1.0f : exp_gap_2);
-                        const float p_3 = (score_3 > row_max_3 ? 1.0f : exp_gap_3);
-                        row_sum_0 = row_sum_0 * rescale_0 + p_0;
-                        row_sum_1 = row_sum_1 * rescale_1 + p_1;
-                        row_sum_2 = row_sum_2 * rescale_2 + p_2;
-                        row_sum_3 = row_sum_3 * rescale_3 + p_3;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
+                    }
+                    float block_max_0 = -INFINITY;
+                    float block_max_1 = -INFINITY;
+                    float block_max_2 = -INFINITY;
+                    float block_max_3 = -INFINITY;
+                    #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max_0 = fmaxf(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max_1 = fmaxf(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+                        block_max_2 = fmaxf(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+                        block_max_3 = fmaxf(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+                    }
+                    const float new_max_0 = fmaxf(row_max_0, block_max_0);
+                    const float new_max_1 = fmaxf(row_max_1, block_max_1);
+                    const float new_max_2 = fmaxf(row_max_2, block_max_2);
+                    const float new_max_3 = fmaxf(row_max_3, block_max_3);
+                    const float rescale_0 = expf(row_max_0 - new_max_0);
+                    const float rescale_1 = expf(row_max_1 - new_max_1);
+                    const float rescale_2 = expf(row_max_2 - new_max_2);
+                    const float rescale_3 = expf(row_max_3 - new_max_3);
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+                        attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+                    }
+                    float block_sum_0 = 0.0f;
+                    float block_sum_1 = 0.0f;
+                    float block_sum_2 = 0.0f;
+                    float block_sum_3 = 0.0f;
+                    #pragma omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+                        block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+                    }
+                    row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+                    row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+                    row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+                    row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < dh; ++c) {
+                        attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+                        attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const float t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+                        const float t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+                        const float t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+                        const float t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
                         }
-                        row_max_0 = new_max_0;
-                        row_max_1 = new_max_1;
-                        row_max_2 = new_max_2;
-                        row_max_3 = new_max_3;
                     }
+                    row_max_0 = new_max_0;
+                    row_max_1 = new_max_1;
+                    row_max_2 = new_max_2;
+                    row_max_3 = new_max_3;
                 }
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
@@ -3734,18 +3842,37 @@ void block_fwd_composed_f32(
                         for (int64_t c = 0; c < dh; ++c) {
                             qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
                         }
-                        const float score = scale * qk;
-                        const float new_max = fmaxf(row_max, score);
-                        const float exp_gap = expf(fminf(row_max, score) - new_max);
-                        const float rescale = (score > row_max ? exp_gap : 1.0f);
-                        const float p = (score > row_max ? 1.0f : exp_gap);
-                        row_sum = row_sum * rescale + p;
+                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
+                    }
+                    float block_max = -INFINITY;
+                    #pragma omp simd reduction(max:block_max)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max = fmaxf(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                    }
+                    const float new_max = fmaxf(row_max, block_max);
+                    const float rescale = expf(row_max - new_max);
+                    #pragma omp simd
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+                    }
+                    float block_sum = 0.0f;
+                    #pragma omp simd reduction(+:block_sum)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+                    }
+                    row_sum = row_sum * rescale + block_sum;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < dh; ++c) {
+                        attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
+                            attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
                         }
-                        row_max = new_max;
                     }
+                    row_max = new_max;
                 }
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
@@ -3771,7 +3898,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* out.Y.edge: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -3827,7 +3954,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_mlp_U(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.U.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
@@ -3858,7 +3985,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.H.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -3889,7 +4016,7 @@ void block_fwd_composed_f32(
             }
         }
     }
-    block_fwd_composed_f32_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    block_fwd_composed_f32_mlp_F(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
     /* mlp.F.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))

@@ -39,6 +39,7 @@ __global__ void block_fwd_composed_f64_norm1_rows(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -99,6 +100,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_pack_Wq(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -157,6 +159,7 @@ __global__ void block_fwd_composed_f64_qkv_Q(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -358,6 +361,7 @@ __global__ void block_fwd_composed_f64_qkv_Q_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -418,6 +422,7 @@ __global__ void block_fwd_composed_f64_qkv_K_pack_Wk(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -476,6 +481,7 @@ __global__ void block_fwd_composed_f64_qkv_K(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -677,6 +683,7 @@ __global__ void block_fwd_composed_f64_qkv_K_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -737,6 +744,7 @@ __global__ void block_fwd_composed_f64_qkv_V_pack_Wv(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -795,6 +803,7 @@ __global__ void block_fwd_composed_f64_qkv_V(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -996,6 +1005,7 @@ __global__ void block_fwd_composed_f64_qkv_V_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1089,6 +1099,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1135,41 +1146,71 @@ __global__ void block_fwd_composed_f64_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
             }
-            const double score_0 = scale * qk_0;
-            const double score_1 = scale * qk_1;
-            const double score_2 = scale * qk_2;
-            const double score_3 = scale * qk_3;
-            const double new_max_0 = fmax(row_max_0, score_0);
-            const double new_max_1 = fmax(row_max_1, score_1);
-            const double new_max_2 = fmax(row_max_2, score_2);
-            const double new_max_3 = fmax(row_max_3, score_3);
-            const double exp_gap_0 = exp(fmin(row_max_0, score_0) - new_max_0);
-            const double exp_gap_1 = exp(fmin(row_max_1, score_1) - new_max_1);
-            const double exp_gap_2 = exp(fmin(row_max_2, score_2) - new_max_2);
-            const double exp_gap_3 = exp(fmin(row_max_3, score_3) - new_max_3);
-            const double rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0);
-            const double rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0);
-            const double rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0);
-            const double rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0);
-            const double p_0 = (score_0 > row_max_0 ? 1.0 : exp_gap_0);
-            const double p_1 = (score_1 > row_max_1 ? 1.0 : exp_gap_1);
-            const double p_2 = (score_2 > row_max_2 ? 1.0 : exp_gap_2);
-            const double p_3 = (score_3 > row_max_3 ? 1.0 : exp_gap_3);
-            row_sum_0 = row_sum_0 * rescale_0 + p_0;
-            row_sum_1 = row_sum_1 * rescale_1 + p_1;
-            row_sum_2 = row_sum_2 * rescale_2 + p_2;
-            row_sum_3 = row_sum_3 * rescale_3 + p_3;
-            for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
-            }
-            row_max_0 = new_max_0;
-            row_max_1 = new_max_1;
-            row_max_2 = new_max_2;
-            row_max_3 = new_max_3;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
+        double block_max_0 = -INFINITY;
+        double block_max_1 = -INFINITY;
+        double block_max_2 = -INFINITY;
+        double block_max_3 = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max_0 = fmax(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max_1 = fmax(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+            block_max_2 = fmax(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+            block_max_3 = fmax(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+        }
+        const double new_max_0 = fmax(row_max_0, block_max_0);
+        const double new_max_1 = fmax(row_max_1, block_max_1);
+        const double new_max_2 = fmax(row_max_2, block_max_2);
+        const double new_max_3 = fmax(row_max_3, block_max_3);
+        const double rescale_0 = exp(row_max_0 - new_max_0);
+        const double rescale_1 = exp(row_max_1 - new_max_1);
+        const double rescale_2 = exp(row_max_2 - new_max_2);
+        const double rescale_3 = exp(row_max_3 - new_max_3);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+        }
+        double block_sum_0 = 0.0;
+        double block_sum_1 = 0.0;
+        double block_sum_2 = 0.0;
+        double block_sum_3 = 0.0;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+        }
+        row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+        row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+        row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+        row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const double t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const double t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const double t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const double t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
+            }
+        }
+        row_max_0 = new_max_0;
+        row_max_1 = new_max_1;
+        row_max_2 = new_max_2;
+        row_max_3 = new_max_3;
     }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
@@ -1247,6 +1288,7 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1278,17 +1320,32 @@ __global__ void block_fwd_composed_f64_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
             }
-            const double score = scale * qk;
-            const double new_max = fmax(row_max, score);
-            const double exp_gap = exp(fmin(row_max, score) - new_max);
-            const double rescale = (score > row_max ? exp_gap : 1.0);
-            const double p = (score > row_max ? 1.0 : exp_gap);
-            row_sum = row_sum * rescale + p;
-            for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
-            }
-            row_max = new_max;
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
+        double block_max = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max = fmax(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+        }
+        const double new_max = fmax(row_max, block_max);
+        const double rescale = exp(row_max - new_max);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+        }
+        double block_sum = 0.0;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+        }
+        row_sum = row_sum * rescale + block_sum;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+            }
+        }
+        row_max = new_max;
     }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
@@ -1328,6 +1385,7 @@ __global__ void block_fwd_composed_f64_out_Y_pack_Wo(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1387,6 +1445,7 @@ __global__ void block_fwd_composed_f64_out_Y(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1590,6 +1649,7 @@ __global__ void block_fwd_composed_f64_out_Y_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1654,6 +1714,7 @@ __global__ void block_fwd_composed_f64_norm2_rows(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1714,6 +1775,7 @@ __global__ void block_fwd_composed_f64_mlp_U_pack_Wg(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1770,6 +1832,7 @@ __global__ void block_fwd_composed_f64_mlp_U(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -1972,6 +2035,7 @@ __global__ void block_fwd_composed_f64_mlp_U_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2031,6 +2095,7 @@ __global__ void block_fwd_composed_f64_mlp_H_pack_Wu(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2087,6 +2152,7 @@ __global__ void block_fwd_composed_f64_mlp_H(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2289,6 +2355,7 @@ __global__ void block_fwd_composed_f64_mlp_H_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2348,6 +2415,7 @@ __global__ void block_fwd_composed_f64_mlp_F_pack_Wd(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2404,6 +2472,7 @@ __global__ void block_fwd_composed_f64_mlp_F(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2606,6 +2675,7 @@ __global__ void block_fwd_composed_f64_mlp_F_edge(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2665,6 +2735,7 @@ __global__ void block_fwd_composed_f64_add_y(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2718,6 +2789,7 @@ extern "C" int block_fwd_composed_f64(
     double *__restrict__ qkv_Wq_panel,
     double *__restrict__ qkv_Wk_panel,
     double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
     double *__restrict__ out_Wo_panel,
     double *__restrict__ mlp_H,
     double *__restrict__ mlp_Wg_panel,
@@ -2737,182 +2809,182 @@ extern "C" int block_fwd_composed_f64(
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f64_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f64_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f64_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f64_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f64_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((n) / 4);
         block_fwd_composed_f64_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4));
         block_fwd_composed_f64_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_fwd_composed_f64_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_fwd_composed_f64_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_fwd_composed_f64_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_fwd_composed_f64_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_fwd_composed_f64_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f64_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
@@ -2951,6 +3023,7 @@ __global__ void block_fwd_composed_f32_norm1_rows(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3011,6 +3084,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_pack_Wq(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3069,6 +3143,7 @@ __global__ void block_fwd_composed_f32_qkv_Q(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3270,6 +3345,7 @@ __global__ void block_fwd_composed_f32_qkv_Q_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3330,6 +3406,7 @@ __global__ void block_fwd_composed_f32_qkv_K_pack_Wk(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3388,6 +3465,7 @@ __global__ void block_fwd_composed_f32_qkv_K(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3589,6 +3667,7 @@ __global__ void block_fwd_composed_f32_qkv_K_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3649,6 +3728,7 @@ __global__ void block_fwd_composed_f32_qkv_V_pack_Wv(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3707,6 +3787,7 @@ __global__ void block_fwd_composed_f32_qkv_V(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -3908,6 +3989,7 @@ __global__ void block_fwd_composed_f32_qkv_V_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4001,6 +4083,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4047,41 +4130,71 @@ __global__ void block_fwd_composed_f32_attn_rows(
                 qk_2 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * K[c + dh*(j + n*(b*heads + h))];
                 qk_3 += Q[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * K[c + dh*(j + n*(b*heads + h))];
             }
-            const float score_0 = scale * qk_0;
-            const float score_1 = scale * qk_1;
-            const float score_2 = scale * qk_2;
-            const float score_3 = scale * qk_3;
-            const float new_max_0 = fmaxf(row_max_0, score_0);
-            const float new_max_1 = fmaxf(row_max_1, score_1);
-            const float new_max_2 = fmaxf(row_max_2, score_2);
-            const float new_max_3 = fmaxf(row_max_3, score_3);
-            const float exp_gap_0 = expf(fminf(row_max_0, score_0) - new_max_0);
-            const float exp_gap_1 = expf(fminf(row_max_1, score_1) - new_max_1);
-            const float exp_gap_2 = expf(fminf(row_max_2, score_2) - new_max_2);
-            const float exp_gap_3 = expf(fminf(row_max_3, score_3) - new_max_3);
-            const float rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0f);
-            const float rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0f);
-            const float rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0f);
-            const float rescale_3 = (score_3 > row_max_3 ? exp_gap_3 : 1.0f);
-            const float p_0 = (score_0 > row_max_0 ? 1.0f : exp_gap_0);
-            const float p_1 = (score_1 > row_max_1 ? 1.0f : exp_gap_1);
-            const float p_2 = (score_2 > row_max_2 ? 1.0f : exp_gap_2);
-            const float p_3 = (score_3 > row_max_3 ? 1.0f : exp_gap_3);
-            row_sum_0 = row_sum_0 * rescale_0 + p_0;
-            row_sum_1 = row_sum_1 * rescale_1 + p_1;
-            row_sum_2 = row_sum_2 * rescale_2 + p_2;
-            row_sum_3 = row_sum_3 * rescale_3 + p_3;
-            for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0 + p_0 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1 + p_1 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2 + p_2 * V[c + dh*(j + n*(b*heads + h))];
-                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3 + p_3 * V[c + dh*(j + n*(b*heads + h))];
-            }
-            row_max_0 = new_max_0;
-            row_max_1 = new_max_1;
-            row_max_2 = new_max_2;
-            row_max_3 = new_max_3;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk_0;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = scale * qk_1;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = scale * qk_2;
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = scale * qk_3;
         }
+        float block_max_0 = -INFINITY;
+        float block_max_1 = -INFINITY;
+        float block_max_2 = -INFINITY;
+        float block_max_3 = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max_0 = fmaxf(block_max_0, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+            block_max_1 = fmaxf(block_max_1, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+            block_max_2 = fmaxf(block_max_2, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+            block_max_3 = fmaxf(block_max_3, attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+        }
+        const float new_max_0 = fmaxf(row_max_0, block_max_0);
+        const float new_max_1 = fmaxf(row_max_1, block_max_1);
+        const float new_max_2 = fmaxf(row_max_2, block_max_2);
+        const float new_max_3 = fmaxf(row_max_3, block_max_3);
+        const float rescale_0 = expf(row_max_0 - new_max_0);
+        const float rescale_1 = expf(row_max_1 - new_max_1);
+        const float rescale_2 = expf(row_max_2 - new_max_2);
+        const float rescale_3 = expf(row_max_3 - new_max_3);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128] - new_max_2);
+            attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192] - new_max_3);
+        }
+        float block_sum_0 = 0.0f;
+        float block_sum_1 = 0.0f;
+        float block_sum_2 = 0.0f;
+        float block_sum_3 = 0.0f;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum_0 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            block_sum_1 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            block_sum_2 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            block_sum_3 += attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+        }
+        row_sum_0 = row_sum_0 * rescale_0 + block_sum_0;
+        row_sum_1 = row_sum_1 * rescale_1 + block_sum_1;
+        row_sum_2 = row_sum_2 * rescale_2 + block_sum_2;
+        row_sum_3 = row_sum_3 * rescale_3 + block_sum_3;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] * rescale_0;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] * rescale_1;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
+            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const float t_0 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
+            const float t_1 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
+            const float t_2 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
+            const float t_3 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_1 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_2 * V[c + dh*(j + n*(b*heads + h))];
+                attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_3 * V[c + dh*(j + n*(b*heads + h))];
+            }
+        }
+        row_max_0 = new_max_0;
+        row_max_1 = new_max_1;
+        row_max_2 = new_max_2;
+        row_max_3 = new_max_3;
     }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(4*i_tile + n*(b*heads + h))] = attn[c + dh*(4*i_tile + n*(b*heads + h))] / row_sum_0;
@@ -4159,6 +4272,7 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4190,17 +4304,32 @@ __global__ void block_fwd_composed_f32_attn_rows_edge(
             for (int64_t c = 0; c < dh; ++c) {
                 qk += Q[c + dh*(i + n*(b*heads + h))] * K[c + dh*(j + n*(b*heads + h))];
             }
-            const float score = scale * qk;
-            const float new_max = fmaxf(row_max, score);
-            const float exp_gap = expf(fminf(row_max, score) - new_max);
-            const float rescale = (score > row_max ? exp_gap : 1.0f);
-            const float p = (score > row_max ? 1.0f : exp_gap);
-            row_sum = row_sum * rescale + p;
-            for (int64_t c = 0; c < dh; ++c) {
-                attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale + p * V[c + dh*(j + n*(b*heads + h))];
-            }
-            row_max = new_max;
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = scale * qk;
         }
+        float block_max = -INFINITY;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_max = fmaxf(block_max, attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+        }
+        const float new_max = fmaxf(row_max, block_max);
+        const float rescale = expf(row_max - new_max);
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)] - new_max);
+        }
+        float block_sum = 0.0f;
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            block_sum += attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+        }
+        row_sum = row_sum * rescale + block_sum;
+        for (int64_t c = 0; c < dh; ++c) {
+            attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+        }
+        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+            const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
+            for (int64_t c = 0; c < dh; ++c) {
+                attn[c + dh*(i + n*(b*heads + h))] += t * V[c + dh*(j + n*(b*heads + h))];
+            }
+        }
+        row_max = new_max;
     }
     for (int64_t c = 0; c < dh; ++c) {
         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] / row_sum;
@@ -4240,6 +4369,7 @@ __global__ void block_fwd_composed_f32_out_Y_pack_Wo(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4299,6 +4429,7 @@ __global__ void block_fwd_composed_f32_out_Y(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4502,6 +4633,7 @@ __global__ void block_fwd_composed_f32_out_Y_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4566,6 +4698,7 @@ __global__ void block_fwd_composed_f32_norm2_rows(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4626,6 +4759,7 @@ __global__ void block_fwd_composed_f32_mlp_U_pack_Wg(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4682,6 +4816,7 @@ __global__ void block_fwd_composed_f32_mlp_U(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4884,6 +5019,7 @@ __global__ void block_fwd_composed_f32_mlp_U_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4943,6 +5079,7 @@ __global__ void block_fwd_composed_f32_mlp_H_pack_Wu(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -4999,6 +5136,7 @@ __global__ void block_fwd_composed_f32_mlp_H(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5201,6 +5339,7 @@ __global__ void block_fwd_composed_f32_mlp_H_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5260,6 +5399,7 @@ __global__ void block_fwd_composed_f32_mlp_F_pack_Wd(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5316,6 +5456,7 @@ __global__ void block_fwd_composed_f32_mlp_F(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5518,6 +5659,7 @@ __global__ void block_fwd_composed_f32_mlp_F_edge(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5577,6 +5719,7 @@ __global__ void block_fwd_composed_f32_add_y(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5630,6 +5773,7 @@ extern "C" int block_fwd_composed_f32(
     float *__restrict__ qkv_Wq_panel,
     float *__restrict__ qkv_Wk_panel,
     float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
     float *__restrict__ out_Wo_panel,
     float *__restrict__ mlp_H,
     float *__restrict__ mlp_Wg_panel,
@@ -5649,182 +5793,182 @@ extern "C" int block_fwd_composed_f32(
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_norm1_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f32_qkv_Q_pack_Wq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_Q<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_Q_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f32_qkv_K_pack_Wk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_K<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_K_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_fwd_composed_f32_qkv_V_pack_Wv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_fwd_composed_f32_qkv_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_fwd_composed_f32_qkv_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((n) / 4);
         block_fwd_composed_f32_attn_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*(n - 4*((n) / 4));
         block_fwd_composed_f32_attn_rows_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_fwd_composed_f32_out_Y_pack_Wo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_fwd_composed_f32_out_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_norm2_rows<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_fwd_composed_f32_mlp_U_pack_Wg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_U<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_U_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_fwd_composed_f32_mlp_H_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_H_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_fwd_composed_f32_mlp_F_pack_Wd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_F<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_mlp_F_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_fwd_composed_f32_add_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }

@@ -11,8 +11,8 @@ contains
 
   subroutine block_fwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
       & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
-      & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, &
-      & dm, heads, dh, dff, eps, scale) &
+      & qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, &
+      & batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f64")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_double), value, intent(in) :: eps, scale
@@ -42,6 +42,7 @@ contains
     real(c_double), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_double), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
     real(c_double), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
@@ -54,11 +55,11 @@ contains
         & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
         & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
-        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
-        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, &
-        & exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
-        & p_2, p_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, heads_sum, ow, xg, &
-        & xu, hw
+        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
+        & block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
+        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
+        & block_sum_2, block_sum_3, t_0, t_1, t_2, t_3, row_max, row_sum, qk, block_max, new_max, &
+        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -865,9 +866,9 @@ contains
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
+    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
+    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -903,46 +904,96 @@ contains
                 qk_3 = qk_3 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
                     & n*(b*heads + h)))
               end do
-              score_0 = scale * qk_0
-              score_1 = scale * qk_1
-              score_2 = scale * qk_2
-              score_3 = scale * qk_3
-              new_max_0 = max(row_max_0, score_0)
-              new_max_1 = max(row_max_1, score_1)
-              new_max_2 = max(row_max_2, score_2)
-              new_max_3 = max(row_max_3, score_3)
-              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
-              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
-              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
-              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
-              rescale_0 = merge(exp_gap_0, 1.0_c_double, score_0 > row_max_0)
-              rescale_1 = merge(exp_gap_1, 1.0_c_double, score_1 > row_max_1)
-              rescale_2 = merge(exp_gap_2, 1.0_c_double, score_2 > row_max_2)
-              rescale_3 = merge(exp_gap_3, 1.0_c_double, score_3 > row_max_3)
-              p_0 = merge(1.0_c_double, exp_gap_0, score_0 > row_max_0)
-              p_1 = merge(1.0_c_double, exp_gap_1, score_1 > row_max_1)
-              p_2 = merge(1.0_c_double, exp_gap_2, score_2 > row_max_2)
-              p_3 = merge(1.0_c_double, exp_gap_3, score_3 > row_max_3)
-              row_sum_0 = row_sum_0 * rescale_0 + p_0
-              row_sum_1 = row_sum_1 * rescale_1 + p_1
-              row_sum_2 = row_sum_2 * rescale_2 + p_2
-              row_sum_3 = row_sum_3 * rescale_3 + p_3
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+            end do
+            block_max_0 = neg_inf
+            block_max_1 = neg_inf
+            block_max_2 = neg_inf
+            block_max_3 = neg_inf
+            !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0 = max(block_max_0, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h)))
+              block_max_1 = max(block_max_1, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 64))
+              block_max_2 = max(block_max_2, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 128))
+              block_max_3 = max(block_max_3, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 192))
+            end do
+            new_max_0 = max(row_max_0, block_max_0)
+            new_max_1 = max(row_max_1, block_max_1)
+            new_max_2 = max(row_max_2, block_max_2)
+            new_max_3 = max(row_max_3, block_max_3)
+            rescale_0 = exp(row_max_0 - new_max_0)
+            rescale_1 = exp(row_max_1 - new_max_1)
+            rescale_2 = exp(row_max_2 - new_max_2)
+            rescale_3 = exp(row_max_3 - new_max_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+                  & new_max_2)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+                  & new_max_3)
+            end do
+            block_sum_0 = 0.0_c_double
+            block_sum_1 = 0.0_c_double
+            block_sum_2 = 0.0_c_double
+            block_sum_3 = 0.0_c_double
+            !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0 = block_sum_0 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum_1 = block_sum_1 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 64)
+              block_sum_2 = block_sum_2 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 128)
+              block_sum_3 = block_sum_3 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 192)
+            end do
+            row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
+            row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
+            row_sum_2 = row_sum_2 * rescale_2 + block_sum_2
+            row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
+            !$omp simd
+            do c = 0, dh - 1
+              attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                  & h))) * rescale_0
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 1)) * rescale_1
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 2)) * rescale_2
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 3)) * rescale_3
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              t_0 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_2 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_3 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
-                    & h))) * rescale_0 + p_0 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 1)) * rescale_1 + p_1 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_1 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 2)) * rescale_2 + p_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 3)) * rescale_3 + p_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
               end do
-              row_max_0 = new_max_0
-              row_max_1 = new_max_1
-              row_max_2 = new_max_2
-              row_max_3 = new_max_3
             end do
+            row_max_0 = new_max_0
+            row_max_1 = new_max_1
+            row_max_2 = new_max_2
+            row_max_3 = new_max_3
           end do
           !$omp simd
           do c = 0, dh - 1
@@ -1000,7 +1051,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, exp_gap, rescale, p)
+    !$omp& block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -1017,19 +1068,39 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
               end do
-              score = scale * qk
-              new_max = max(row_max, score)
-              exp_gap = exp(min(row_max, score) - new_max)
-              rescale = merge(exp_gap, 1.0_c_double, score > row_max)
-              p = merge(1.0_c_double, exp_gap, score > row_max)
-              row_sum = row_sum * rescale + p
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+            end do
+            block_max = neg_inf
+            !$omp simd reduction(max:block_max)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+            end do
+            new_max = max(row_max, block_max)
+            rescale = exp(row_max - new_max)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
+                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+            end do
+            block_sum = 0.0_c_double
+            !$omp simd reduction(+:block_sum)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+            end do
+            row_sum = row_sum * rescale + block_sum
+            !$omp simd
+            do c = 0, dh - 1
+              attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1
-                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale &
-                    & + p * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * V(c &
+                    & + dh*(j + n*(b*heads + h)))
               end do
-              row_max = new_max
             end do
+            row_max = new_max
           end do
           !$omp simd
           do c = 0, dh - 1
@@ -2204,8 +2275,8 @@ contains
 
   subroutine block_fwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, &
       & K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, &
-      & qkv_Wv_panel, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, &
-      & dm, heads, dh, dff, eps, scale) &
+      & qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, &
+      & batch, n, dm, heads, dh, dff, eps, scale) &
       bind(C, name="block_fwd_composed_f32")
     integer(c_int64_t), value, intent(in) :: batch, n, dm, heads, dh, dff
     real(c_float), value, intent(in) :: eps, scale
@@ -2235,6 +2306,7 @@ contains
     real(c_float), intent(out) :: qkv_Wq_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: qkv_Wk_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: qkv_Wv_panel(0:heads * ((dh) / 8) * dm * 8 - 1)
+    real(c_float), intent(out) :: attn_probs(0:batch * heads * n * 64 - 1)
     real(c_float), intent(out) :: out_Wo_panel(0:((dm) / 8) * heads * dh * 8 - 1)
     real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
@@ -2247,11 +2319,11 @@ contains
         & acc_3_1, acc_3_2, acc_3_3, acc_3_4, acc_3_5, acc_3_6, acc_3_7, acc_4_0, acc_4_1, &
         & acc_4_2, acc_4_3, acc_4_4, acc_4_5, acc_4_6, acc_4_7, acc_5_0, acc_5_1, acc_5_2, &
         & acc_5_3, acc_5_4, acc_5_5, acc_5_6, acc_5_7, xw, row_max_0, row_max_1, row_max_2, &
-        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, score_0, &
-        & score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, exp_gap_0, &
-        & exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, rescale_3, p_0, p_1, &
-        & p_2, p_3, row_max, row_sum, qk, score, new_max, exp_gap, rescale, p, heads_sum, ow, xg, &
-        & xu, hw
+        & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
+        & block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
+        & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
+        & block_sum_2, block_sum_3, t_0, t_1, t_2, t_3, row_max, row_sum, qk, block_max, new_max, &
+        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -3058,9 +3130,9 @@ contains
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
     !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, score_0, score_1, score_2, score_3, new_max_0, new_max_1, new_max_2, new_max_3, &
-    !$omp& exp_gap_0, exp_gap_1, exp_gap_2, exp_gap_3, rescale_0, rescale_1, rescale_2, &
-    !$omp& rescale_3, p_0, p_1, p_2, p_3)
+    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
+    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
+    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -3096,46 +3168,96 @@ contains
                 qk_3 = qk_3 + Q(c + dh*(4*i_tile + n*(b*heads + h) + 3)) * K(c + dh*(j + &
                     & n*(b*heads + h)))
               end do
-              score_0 = scale * qk_0
-              score_1 = scale * qk_1
-              score_2 = scale * qk_2
-              score_3 = scale * qk_3
-              new_max_0 = max(row_max_0, score_0)
-              new_max_1 = max(row_max_1, score_1)
-              new_max_2 = max(row_max_2, score_2)
-              new_max_3 = max(row_max_3, score_3)
-              exp_gap_0 = exp(min(row_max_0, score_0) - new_max_0)
-              exp_gap_1 = exp(min(row_max_1, score_1) - new_max_1)
-              exp_gap_2 = exp(min(row_max_2, score_2) - new_max_2)
-              exp_gap_3 = exp(min(row_max_3, score_3) - new_max_3)
-              rescale_0 = merge(exp_gap_0, 1.0_c_float, score_0 > row_max_0)
-              rescale_1 = merge(exp_gap_1, 1.0_c_float, score_1 > row_max_1)
-              rescale_2 = merge(exp_gap_2, 1.0_c_float, score_2 > row_max_2)
-              rescale_3 = merge(exp_gap_3, 1.0_c_float, score_3 > row_max_3)
-              p_0 = merge(1.0_c_float, exp_gap_0, score_0 > row_max_0)
-              p_1 = merge(1.0_c_float, exp_gap_1, score_1 > row_max_1)
-              p_2 = merge(1.0_c_float, exp_gap_2, score_2 > row_max_2)
-              p_3 = merge(1.0_c_float, exp_gap_3, score_3 > row_max_3)
-              row_sum_0 = row_sum_0 * rescale_0 + p_0
-              row_sum_1 = row_sum_1 * rescale_1 + p_1
-              row_sum_2 = row_sum_2 * rescale_2 + p_2
-              row_sum_3 = row_sum_3 * rescale_3 + p_3
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk_0
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = scale * qk_1
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = scale * qk_2
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = scale * qk_3
+            end do
+            block_max_0 = neg_inf
+            block_max_1 = neg_inf
+            block_max_2 = neg_inf
+            block_max_3 = neg_inf
+            !$omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0 = max(block_max_0, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h)))
+              block_max_1 = max(block_max_1, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 64))
+              block_max_2 = max(block_max_2, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 128))
+              block_max_3 = max(block_max_3, attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads &
+                  & + h) + 192))
+            end do
+            new_max_0 = max(row_max_0, block_max_0)
+            new_max_1 = max(row_max_1, block_max_1)
+            new_max_2 = max(row_max_2, block_max_2)
+            new_max_3 = max(row_max_3, block_max_3)
+            rescale_0 = exp(row_max_0 - new_max_0)
+            rescale_1 = exp(row_max_1 - new_max_1)
+            rescale_2 = exp(row_max_2 - new_max_2)
+            rescale_3 = exp(row_max_3 - new_max_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64) - new_max_1)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128) - &
+                  & new_max_2)
+              attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) = &
+                  & exp(attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192) - &
+                  & new_max_3)
+            end do
+            block_sum_0 = 0.0_c_float
+            block_sum_1 = 0.0_c_float
+            block_sum_2 = 0.0_c_float
+            block_sum_3 = 0.0_c_float
+            !$omp simd reduction(+:block_sum_0, block_sum_1, block_sum_2, block_sum_3)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0 = block_sum_0 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              block_sum_1 = block_sum_1 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 64)
+              block_sum_2 = block_sum_2 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 128)
+              block_sum_3 = block_sum_3 + attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + &
+                  & h) + 192)
+            end do
+            row_sum_0 = row_sum_0 * rescale_0 + block_sum_0
+            row_sum_1 = row_sum_1 * rescale_1 + block_sum_1
+            row_sum_2 = row_sum_2 * rescale_2 + block_sum_2
+            row_sum_3 = row_sum_3 * rescale_3 + block_sum_3
+            !$omp simd
+            do c = 0, dh - 1
+              attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                  & h))) * rescale_0
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 1)) * rescale_1
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 2)) * rescale_2
+              attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads &
+                  & + h) + 3)) * rescale_3
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              t_0 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_1 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_2 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_3 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
-                    & h))) * rescale_0 + p_0 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 1)) * rescale_1 + p_1 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_1 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 2)) * rescale_2 + p_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 3)) * rescale_3 + p_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
               end do
-              row_max_0 = new_max_0
-              row_max_1 = new_max_1
-              row_max_2 = new_max_2
-              row_max_3 = new_max_3
             end do
+            row_max_0 = new_max_0
+            row_max_1 = new_max_1
+            row_max_2 = new_max_2
+            row_max_3 = new_max_3
           end do
           !$omp simd
           do c = 0, dh - 1
@@ -3193,7 +3315,7 @@ contains
     !                    )
     !                )
     !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& score, new_max, exp_gap, rescale, p)
+    !$omp& block_max, new_max, rescale, block_sum, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -3210,19 +3332,39 @@ contains
               do c = 0, dh - 1
                 qk = qk + Q(c + dh*(i + n*(b*heads + h))) * K(c + dh*(j + n*(b*heads + h)))
               end do
-              score = scale * qk
-              new_max = max(row_max, score)
-              exp_gap = exp(min(row_max, score) - new_max)
-              rescale = merge(exp_gap, 1.0_c_float, score > row_max)
-              p = merge(1.0_c_float, exp_gap, score > row_max)
-              row_sum = row_sum * rescale + p
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = scale * qk
+            end do
+            block_max = neg_inf
+            !$omp simd reduction(max:block_max)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max = max(block_max, attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)))
+            end do
+            new_max = max(row_max, block_max)
+            rescale = exp(row_max - new_max)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h)) = exp(attn_probs(64*i + j - &
+                  & 64*j_blk + 64*n*(b*heads + h)) - new_max)
+            end do
+            block_sum = 0.0_c_float
+            !$omp simd reduction(+:block_sum)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum = block_sum + attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
+            end do
+            row_sum = row_sum * rescale + block_sum
+            !$omp simd
+            do c = 0, dh - 1
+              attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1
-                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale &
-                    & + p * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * V(c &
+                    & + dh*(j + n*(b*heads + h)))
               end do
-              row_max = new_max
             end do
+            row_max = new_max
           end do
           !$omp simd
           do c = 0, dh - 1

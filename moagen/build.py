@@ -5,6 +5,7 @@ decides the output (language, source text, compiler and flags). A folder there i
 it is built in a private folder and renamed into place in one step, so a cache hit needs no
 compiler and two processes building the same kernel at once both end up with one artifact.
 """
+import ctypes.util
 import hashlib
 import json
 import os
@@ -34,6 +35,17 @@ INSTALL_MESON = "pip install meson==1.12.1 ninja==1.13.2"
 CUDA_ARCHS = ("sm_80", "sm_90")
 
 
+def _libmvec():
+    """(compile flags, link flags) that give generated C glibc's vector exponentials, where
+    the library exists (templates/c/kernel.c.j2)."""
+    if ctypes.util.find_library("mvec"):
+        return ("-DMOAGEN_LIBMVEC",), ("-lmvec",)
+    return (), ()
+
+
+LIBMVEC = _libmvec()
+
+
 def _env(name, default):
     return lambda: os.environ.get(name, default)
 
@@ -50,10 +62,12 @@ class Toolchain:
     cc: str = field(default_factory=_env("CC", "gcc"))
     cflags: tuple = field(
         # -std=c99 turns off fused multiply-adds, which gfortran makes by default: contract
-        # in both languages, so that they compute (and cost) the same
+        # in both languages, so that they compute (and cost) the same. No kernel reads errno:
+        # without it exp is a pure function gcc may vectorize, as gfortran does.
         default_factory=_env_flags("MOAGEN_CFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC",
-                                                     "-std=c99", "-ffp-contract=fast")))
-    cldflags: tuple = ("-shared", "-lm")
+                                                     "-std=c99", "-ffp-contract=fast",
+                                                     "-fno-math-errno") + LIBMVEC[0]))
+    cldflags: tuple = ("-shared", "-lm") + LIBMVEC[1]
     fc: str = field(default_factory=_env("FC", "gfortran"))
     fflags: tuple = field(
         default_factory=_env_flags("MOAGEN_FFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC")))

@@ -180,17 +180,20 @@ def test_multi_nest_transforms_that_cannot_apply_raise(kernel, variant, schedule
 
 # ---- the online softmax's arithmetic ---------------------------------------------------
 
-@pytest.mark.parametrize("kernel, variant, per_score", [
-    ("attention_fwd", "online", 1), ("attention_decode", "online", 1),
-    ("attention_fwd", "dnf", 2),  # exp(s - max) in the sum and again in the probability
+@pytest.mark.parametrize("kernel, variant, per_score, per_block", [
+    ("attention_fwd", "online", 1, 1), ("attention_decode", "online", 1, 1),
+    ("attention_fwd", "dnf", 2, 0),  # exp(s - max) in the sum and again in the probability
 ])
-def test_the_online_softmax_takes_one_exponential_per_score(kernel, variant, per_score):
-    """Of exp(m - max(m, s)) and exp(s - max(m, s)) one is exp(0) = 1: the online form
-    computes the other only (the cost model counts the exponentials the code computes)."""
+def test_the_online_softmax_takes_one_exponential_per_score(kernel, variant, per_score,
+                                                            per_block):
+    """Key by key, of exp(m - max(m, s)) and exp(s - max(m, s)) one is exp(0) = 1: the online
+    form computes the other only; by blocks, one per score and the rescale once per block of
+    64 keys (the cost model counts the exponentials the code computes)."""
     from moagen.cost import model
+    from moagen.kernels.attention import KEY_BLOCK
     onf = onf_of(kernel, variant)
     size = _sizes(onf)
     scores = size["n"] * size["batch"] * size.get("heads", size.get("q_heads"))
     scores *= size["n"] if kernel == "attention_fwd" else 1
-    assert sympy.expand(model.predict(kernel, variant).ops["exp"] - per_score * scores) == 0
-
+    expected = scores * (per_score + sympy.Rational(per_block, KEY_BLOCK))
+    assert sympy.expand(model.predict(kernel, variant).ops["exp"] - expected) == 0

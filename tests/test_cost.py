@@ -50,7 +50,10 @@ def run(capsys, *argv):
 def tiny_sizes(kernel, variant):
     sizes = TINY.get(kernel, ATTENTION)
     tiled = "64 divides n" in model.predict(kernel, variant).assumptions  # online's key blocks
-    return dict(sizes, heads=1, n=64, d=2) if tiled and kernel in ATTENTION_KERNELS else sizes
+    if not (tiled and kernel in ATTENTION_KERNELS):
+        return sizes
+    fewer = {"heads": 1} if "heads" in sizes else {"cap": 64}  # decode: a cache of 64 rows
+    return dict(sizes, n=64, d=2, **fewer)
 
 
 # ---- the model against every iteration, walked ------------------------------------------

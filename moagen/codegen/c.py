@@ -5,7 +5,8 @@ from sympy.printing.c import C99CodePrinter
 
 from moagen.codegen.printer import Printer, render
 from moagen.errors import ScheduleError
-from moagen.onf.loops import Loop, walk
+from moagen.moa import scalar as S
+from moagen.onf.loops import Loop, stmt_exprs, walk
 from moagen.onf.simd import simd_clauses
 
 C_TYPE = {"float64": "double", "float32": "float"}
@@ -134,4 +135,15 @@ class CPrinter(Printer):
 
 def emit_c(onfs_by_dtype, banner):
     functions = [f for dtype, onf in onfs_by_dtype for f in CPrinter(onf, dtype).functions()]
-    return render("c/kernel.c.j2", banner=banner, functions=functions)
+    vector_exp = [VECTOR_EXP[dtype] for dtype, onf in onfs_by_dtype if _calls_exp(onf)]
+    return render("c/kernel.c.j2", banner=banner, functions=functions, vector_exp=vector_exp)
+
+
+# glibc's math.h declares its vector versions (libmvec) only under -ffast-math
+VECTOR_EXP = {"float64": "double exp(double)", "float32": "float expf(float)"}
+
+
+def _calls_exp(onf):
+    return any(isinstance(x, S.Un) and x.fn in ("exp", "silu")
+               for n in onf.nests for s in walk(n.body) for e in stmt_exprs(s)
+               for x in S.subexpressions(e))

@@ -183,12 +183,27 @@ def _siblings_share(stmts):
 def region(offset, loops: Bounds):
     """(a key equal for equal regions, the number of elements) of one access (cached: the
     same access is asked about by the traffic, the minimum and the working set)."""
+    offset, loops = _relative_to_start(offset, loops)
     offset, loops = _group_divisions(offset, loops)
     offset, loops = _merge_lane_loops(offset, loops)
     used = offset.free_symbols & {v for v, _, _ in loops}
     chain = tuple((v, _extreme(start, "lo", loops, used), _extreme(stop, "hi", loops, used))
                   for v, start, stop in loops if v in used)
     return _canonical(offset, chain), _count(chain)
+
+
+def _relative_to_start(offset, loops: Bounds):
+    """A loop v over [s, e) whose start moves with other loops, accessed at v - s (a block of
+    keys' own scratch row) -> v over [0, e - s): the access does not move with those loops."""
+    for v, start, stop in loops:
+        if v not in offset.free_symbols or not start.free_symbols:
+            continue
+        shifted = sympy.expand(offset.xreplace({v: v + start}))
+        if not shifted.free_symbols & start.free_symbols:
+            loops = tuple((w, s, e) if w != v else (v, sympy.Integer(0), stop - start)
+                          for w, s, e in loops)
+            offset = shifted
+    return offset, loops
 
 
 def _group_divisions(offset, loops: Bounds):

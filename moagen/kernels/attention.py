@@ -57,7 +57,7 @@ def _online(rows):
     `rows` query rows walk the keys together (each key and value row loaded once for all)."""
     return (Accumulate("c", over="j", nest="O"),
             FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
-            OnlineSoftmax("rows"), Split("j", KEY_BLOCK, nest="rows"),
+            OnlineSoftmax("rows", block=KEY_BLOCK),
             *rows_together("rows", ROWS, rows))
 
 

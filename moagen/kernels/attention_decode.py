@@ -6,6 +6,7 @@ KV head h // (q_heads / kv_heads), by indexing, so the cache is read once per gr
 kv_heads = 1. The query is the newest position, so it sees every valid row: decode is
 causal by construction.
 """
+from moagen.kernels.attention import KEY_BLOCK
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
@@ -61,9 +62,9 @@ ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, 
 
 
 def _online(heads):
-    """One pass, running max and sum; `heads` consecutive query heads together (in a group
-    they read the same KV rows: once)."""
-    return ROW + (OnlineSoftmax("heads"), *rows_together("heads", HEADS, heads))
+    """One pass, running max and sum, over blocks of keys; `heads` consecutive query heads
+    together (in a group they read the same KV rows: once)."""
+    return ROW + (OnlineSoftmax("heads", block=KEY_BLOCK), *rows_together("heads", HEADS, heads))
 
 
 def _split(heads):

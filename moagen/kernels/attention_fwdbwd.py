@@ -9,7 +9,7 @@ stored. Two ONFs of the same DNF:
   pass over query rows. No atomics at all, so the result does not depend on thread
   timing. Each pass walks the other side with a few rows at once (UnrollJam).
 """
-from moagen.kernels.attention import K, Q, V, softmax_parts
+from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
@@ -46,13 +46,13 @@ QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
 def _owner(rows):
-    """The forward in one pass over the keys (online softmax); in each of the three nests
+    """The forward in one pass over blocks of keys (online softmax); in each of the three nests
     `rows` query (or key) rows walk the other side together."""
     steps = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
              Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
              FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
              FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
-             Hoist(), OnlineSoftmax("forward"))
+             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK))
     for nest, parallel in (("forward", QUERY_ROWS), ("dQ", QUERY_ROWS), ("keys", KEY_ROWS)):
         steps += rows_together(nest, parallel, rows)
     return steps

@@ -17,14 +17,29 @@ One of a and p is exp(0) = 1 (a when s <= m, p when s > m), so one exponential p
 suffices: e = exp(min(m, s) - m'), a = (s > m ? e : 1), p = (s > m ? 1 : e), bit for bit
 the same values (an exponential costs tens of multiply-adds' time).
 
+With `block` = B > 1 the running max moves once per block of B keys, FlashAttention's way:
+
+    for jb: for j in block jb: P[row, j - B jb] = f(j)       (the block's scores)
+            m' = max(m, max_k P[row, k]);  a = exp(m - m')
+            for k: P[row, k] = exp(P[row, k] - m');  l = l * a + sum_k P[row, k]
+            X = X * a;  for j in block jb: X += P[row, j - B jb] * g(j);  m = m'
+
+P is a scratch row of B per iteration of the loops around (it stays in L1). The scores of a
+block are independent dot products, the rescale of X is once per block instead of once per
+key, and the accumulation into X is a plain sum the compiler can keep in registers. The
+values are the same up to rounding (the sums are regrouped by block).
+
 Preconditions, checked: the same f in all three (up to bound names); every use of m and l
 inside the loop is that exact quotient; every store inside accumulates a sum.
 """
 from dataclasses import dataclass, replace
 
+import sympy
+
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
+from moagen.moa.expr import idiv
+from moagen.onf.loops import (Buffer, Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
                               stmt_exprs, walk)
 from moagen.onf.schedule import kernel_names
 
@@ -32,28 +47,31 @@ from moagen.onf.schedule import kernel_names
 @dataclass(frozen=True)
 class OnlineSoftmax:
     nest: str
+    block: int = 1  # keys per step of the running max
 
     def __str__(self):
-        return f"online_softmax({self.nest})"
+        return f"online_softmax({self.nest}{f', block={self.block}' if self.block > 1 else ''})"
 
     def __call__(self, onf: ONF) -> ONF:
+        if self.block < 1:
+            raise ScheduleError(f"{self}: a block holds at least one key")
         names = kernel_names(onf)
-        found = []
-        nests = [replace(n, body=self._block(n.body, names, found)) if n.label == self.nest else n
-                 for n in onf.nests]
+        found, temps = [], []
+        nests = [replace(n, body=self._block(n.body, names, found, temps, ()))
+                 if n.label == self.nest else n for n in onf.nests]
         if not found:
             raise ScheduleError(f"{self}: nest {self.nest} has no max, sum of exponentials and "
                                 f"loop over the same index to fuse")
-        return onf.with_nests(nests, str(self))
+        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + tuple(temps))
 
-    def _block(self, stmts, names, found):
-        stmts = [replace(s, body=self._block(s.body, names, found)) if isinstance(s, Loop) else s
-                 for s in stmts]
+    def _block(self, stmts, names, found, temps, loops):
+        stmts = [replace(s, body=self._block(s.body, names, found, temps, loops + (s,)))
+                 if isinstance(s, Loop) else s for s in stmts]
         for pos, s in enumerate(stmts):
             match = _match(stmts, pos)
             if match:
                 found.append(s)
-                return tuple(_rewrite(stmts, match, names, self))
+                return tuple(_rewrite(stmts, match, names, self, loops, temps))
         return tuple(stmts)
 
 
@@ -87,44 +105,99 @@ def _match(stmts, pos):
     return None
 
 
-def _rewrite(stmts, match, names, transform):
+def _rewrite(stmts, match, names, transform, loops, temps):
     mpos, lpos, jpos, f = match
     m, l, loop = stmts[mpos].name, stmts[lpos].name, stmts[jpos]
     between = [s for k, s in enumerate(stmts[mpos + 1:jpos], mpos + 1) if k != lpos]
     if any({m, l} & S.free_names(e) for s in walk(between) for e in stmt_exprs(s)):
         raise ScheduleError(f"{transform}: the row max or sum is used before the fused loop")
-    roles = ("score", "new_max", "exp_gap", "rescale", "p")
-    fresh = {role: names.claim(names.new(role)) for role in roles}
-    names.locals.update(fresh.values())
-    score, new_max, gap, rescale, p = (S.Local(fresh[r]) for r in roles)
     quotient = S.alpha_key(S.Bin("/", S.Un("exp", S.Bin("-", f, S.Local(m))), S.Local(l)))
 
-    def replace_quotient(e):
-        if S.alpha_key(e) == quotient:
-            return p
-        return S.map_children(e, replace_quotient)
+    def probability_is(p):
+        """The loop's body with every exp(f - m) / l replaced by p."""
+        def swap(e):
+            return p if S.alpha_key(e) == quotient else S.map_children(e, swap)
+        body = _propagate_copies([map_stmt_exprs(s, swap) for s in loop.body])
+        if any({m, l} & S.free_names(e) for s in walk(body) for e in stmt_exprs(s)):
+            raise ScheduleError(f"{transform}: the loop uses the row max or sum other than in "
+                                "exp(f - max) / sum")
+        return body
 
-    body = _propagate_copies([map_stmt_exprs(s, replace_quotient) for s in loop.body])
-    if any({m, l} & S.free_names(e) for s in walk(body) for e in stmt_exprs(s)):
-        raise ScheduleError(f"{transform}: the loop uses the row max or sum other than in "
-                            "exp(f - max) / sum")
-    rescaled = []
-    body = [_rescale(s, rescale.name, rescaled, (), transform) for s in body]
+    online = _per_key if transform.block == 1 else _per_block
+    fused, stores = online(transform, loop, f, m, l, probability_is, names, loops, temps)
+    normalize = [enclose(lps, (replace(store, value=S.Bin("/", S.Access(store.array, store.index),
+                                                          S.Local(l)), accumulate=None),))[0]
+                 for store, lps in stores]
+    out = list(stmts)
+    out[mpos] = Let(m, S.Num(float("-inf")))
+    out[lpos] = Let(l, S.Num(0.0))
+    out[jpos:jpos + 1] = fused + normalize
+    return out
+
+
+def _fresh(names, roles):
+    fresh = {role: names.claim(names.new(role)) for role in roles}
+    names.locals.update(fresh.values())
+    return fresh
+
+
+def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
+    """([the loop, one key at a time], the stores it rescales with their loops)."""
+    roles = ("score", "new_max", "exp_gap", "rescale", "p")
+    fresh = _fresh(names, roles)
+    score, new_max, gap, rescale, p = (S.Local(fresh[r]) for r in roles)
+    stores = _accumulating_stores(transform, probability_is(p), ())
+    body = [_rescaled(s, rescale) for s in probability_is(p)]
     head = [Let(fresh["score"], f),
             Let(fresh["new_max"], S.Bin("max", S.Local(m), score)),
             Let(fresh["exp_gap"], S.Un("exp", S.Bin("-", S.Bin("min", S.Local(m), score), new_max))),
             Let(fresh["rescale"], S.IfGreater(score, S.Local(m), gap, S.Num(1.0))),
             Let(fresh["p"], S.IfGreater(score, S.Local(m), S.Num(1.0), gap)),
             Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), p))]
-    fused = replace(loop, body=tuple(head + body + [Update(m, "=", new_max)]))
-    normalize = [enclose(loops, (replace(store, value=S.Bin("/", S.Access(store.array, store.index),
-                                                            S.Local(l)), accumulate=None),))[0]
-                 for store, loops in rescaled]
-    out = list(stmts)
-    out[mpos] = Let(m, S.Num(float("-inf")))
-    out[lpos] = Let(l, S.Num(0.0))
-    out[jpos:jpos + 1] = [fused] + normalize
-    return out
+    return [replace(loop, body=tuple(head + body + [Update(m, "=", new_max)]))], stores
+
+
+def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
+    """([the loop over blocks of keys], the stores it rescales with their loops)."""
+    if any(lp.start != 0 or lp.stop.free_symbols & {x.var for x in loops} for lp in loops):
+        raise ScheduleError(f"{transform}: the loops around the keys are not rectangular from "
+                            "0: no scratch row per iteration to hold a block's scores")
+    size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
+    probs = names.claim(names.new("probs"))
+    temps.append(Buffer(probs, tuple(lp.stop for lp in loops) + (sympy.Integer(size),)))
+    block = sympy.Symbol(names.claim(names.new(f"{j}_blk")), integer=True)
+    first = size * block
+    fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum"))
+    block_max, new_max = S.Local(fresh["block_max"]), S.Local(fresh["new_max"])
+    rescale, block_sum = S.Local(fresh["rescale"]), S.Local(fresh["block_sum"])
+    prob = S.Access(probs, row + (j - first,))
+    # every step a loop over the block's keys, as Split cuts a loop (the cost view counts it)
+    each_key = lambda *stmts: Loop(j, first, sympy.Min(loop.stop, first + size), stmts)
+
+    body = probability_is(prob)
+    stores = _accumulating_stores(transform, body, ())
+    for store, lps in stores:
+        if j in set().union(*(sympy.sympify(i).free_symbols for i in store.index)) or \
+                any(j in lp.start.free_symbols | lp.stop.free_symbols for lp in lps):
+            raise ScheduleError(f"{transform}: {store.array} is accumulated at other elements "
+                                f"per key: it cannot be rescaled once per block")
+    rescale_rows = [enclose(lps, (replace(store, value=S.Bin(
+        "*", S.Access(store.array, store.index), rescale), accumulate=None),))[0]
+        for store, lps in stores]
+    steps = [each_key(Store(probs, row + (j - first,), f)),
+             Let(block_max.name, S.Num(float("-inf"))),
+             each_key(Update(block_max.name, "max", prob)),
+             Let(new_max.name, S.Bin("max", S.Local(m), block_max)),
+             Let(rescale.name, S.Un("exp", S.Bin("-", S.Local(m), new_max))),
+             each_key(Store(probs, row + (j - first,), S.Un("exp", S.Bin("-", prob, new_max)))),
+             Let(block_sum.name, S.Num(0.0)),
+             each_key(Update(block_sum.name, "+", prob)),
+             Update(l, "=", S.Bin("+", S.Bin("*", S.Local(l), rescale), block_sum)),
+             *rescale_rows,
+             each_key(*body),
+             Update(m, "=", new_max)]
+    blocks = idiv(loop.stop + size - 1, size)
+    return [Loop(block, sympy.Integer(0), blocks, tuple(steps))], stores
 
 
 def _propagate_copies(stmts):
@@ -139,17 +212,25 @@ def _propagate_copies(stmts):
     return out
 
 
-def _rescale(s, rescale, rescaled, loops, transform):
-    """X += v becomes X = X * rescale + v; each such store is listed with its loops."""
+def _accumulating_stores(transform, stmts, loops):
+    """Every store in stmts with the loops around it; each must accumulate a sum."""
+    found = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            found += _accumulating_stores(transform, s.body, loops + (s,))
+        elif isinstance(s, Store):
+            if s.accumulate != "+" or s.atomic:
+                raise ScheduleError(f"{transform}: a store in the fused loop does not accumulate "
+                                    "a sum")
+            found.append((s, loops))
+    return found
+
+
+def _rescaled(s, rescale):
+    """X += v becomes X = X * rescale + v."""
     if isinstance(s, Loop):
-        return replace(s, body=tuple(_rescale(b, rescale, rescaled, loops + (s,), transform)
-                                     for b in s.body))
+        return replace(s, body=tuple(_rescaled(b, rescale) for b in s.body))
     if isinstance(s, Store):
-        if s.accumulate != "+" or s.atomic:
-            raise ScheduleError(f"{transform}: a store in the fused loop does not accumulate "
-                                "a sum")
-        rescaled.append((s, loops))
-        old = S.Bin("*", S.Access(s.array, s.index), S.Local(rescale))
+        old = S.Bin("*", S.Access(s.array, s.index), rescale)
         return replace(s, value=S.Bin("+", old, s.value), accumulate=None)
     return s
-
