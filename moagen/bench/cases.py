@@ -113,16 +113,15 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
 
 def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
     """The kernel's C, printed with plain pointers: the compiler must assume they alias."""
-    from moagen.codegen.c import CPrinter
+    from moagen.codegen.c import CPrinter, emit_c
     from moagen.codegen.emit import onf_of
-    from moagen.codegen.printer import render
 
     class Plain(CPrinter):
         restrict = ""
 
     onf = onf_of(kernel, variant)
-    return render("c/kernel.c.j2", banner=[f"{onf.name} {onf.variant}, printed without restrict"],
-                  functions=[f for dtype in dtypes for f in Plain(onf, dtype).functions()])
+    return emit_c([(dtype, onf) for dtype in dtypes],
+                  [f"{onf.name} {onf.variant}, printed without restrict"], printer=Plain)
 
 
 def _load_without_restrict(kernel, variant, dtype):

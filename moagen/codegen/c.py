@@ -133,8 +133,8 @@ class CPrinter(Printer):
         return f"({cond} ? {then} : {other})"
 
 
-def emit_c(onfs_by_dtype, banner):
-    functions = [f for dtype, onf in onfs_by_dtype for f in CPrinter(onf, dtype).functions()]
+def emit_c(onfs_by_dtype, banner, printer=CPrinter):
+    functions = [f for dtype, onf in onfs_by_dtype for f in printer(onf, dtype).functions()]
     vector_exp = [VECTOR_EXP[dtype] for dtype, onf in onfs_by_dtype if _calls_exp(onf)]
     return render("c/kernel.c.j2", banner=banner, functions=functions, vector_exp=vector_exp)
 
