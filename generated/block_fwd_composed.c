@@ -781,54 +781,54 @@ static void block_fwd_composed_f64_out_Y(
                         acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -1190,54 +1190,54 @@ static void block_fwd_composed_f64_mlp_H(
                         acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                         acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                     }
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
             }
         }
@@ -1881,6 +1881,20 @@ void block_fwd_composed_f64(
         }
     }
     block_fwd_composed_f64_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* out.Y.pointwise: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+            }
+        }
+    }
     /* out.Y.edge: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -1968,6 +1982,19 @@ void block_fwd_composed_f64(
         }
     }
     block_fwd_composed_f64_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.H.pointwise: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+            }
+        }
+    }
     /* mlp.H.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -2799,54 +2826,54 @@ static void block_fwd_composed_f32_out_Y(
                         acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
                     }
                 }
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+                resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+                resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
             }
         }
     }
@@ -3208,54 +3235,54 @@ static void block_fwd_composed_f32_mlp_H(
                         acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                         acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
                     }
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
             }
         }
@@ -3899,6 +3926,20 @@ void block_fwd_composed_f32(
         }
     }
     block_fwd_composed_f32_out_Y(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* out.Y.pointwise: from the DNF
+     * stage out: out_proj tiled
+     * Y[b, i, m] = (<b i m> psi R)
+     *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+                resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
+            }
+        }
+    }
     /* out.Y.edge: from the DNF
      * stage out: out_proj tiled
      * Y[b, i, m] = (<b i m> psi R)
@@ -3986,6 +4027,19 @@ void block_fwd_composed_f32(
         }
     }
     block_fwd_composed_f32_mlp_H(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+    /* mlp.H.pointwise: from the DNF
+     * stage mlp: mlp_fwd tiled
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
+            }
+        }
+    }
     /* mlp.H.edge: from the DNF
      * stage mlp: mlp_fwd tiled
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))

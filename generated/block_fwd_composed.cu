@@ -1566,54 +1566,111 @@ __global__ void block_fwd_composed_f64_out_Y(
                 acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+    }
+}
+
+/* out.Y.pointwise: from the DNF
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void block_fwd_composed_f64_out_Y_pointwise(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+        resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
     }
 }
 
@@ -2272,55 +2329,111 @@ __global__ void block_fwd_composed_f64_mlp_H(
                 acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
+    }
+}
+
+/* mlp.H.pointwise: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_fwd_composed_f64_mlp_H_pointwise(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    double *__restrict__ y,
+    double *__restrict__ inv_rms1,
+    double *__restrict__ Q,
+    double *__restrict__ K,
+    double *__restrict__ V,
+    double *__restrict__ attn,
+    double *__restrict__ lse,
+    double *__restrict__ resid,
+    double *__restrict__ inv_rms2,
+    double *__restrict__ U,
+    double *__restrict__ xn1,
+    double *__restrict__ xn2,
+    double *__restrict__ mlp_out,
+    double *__restrict__ qkv_Wq_panel,
+    double *__restrict__ qkv_Wk_panel,
+    double *__restrict__ qkv_Wv_panel,
+    double *__restrict__ attn_probs,
+    double *__restrict__ out_Wo_panel,
+    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_Wg_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double eps,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
     }
 }
 
@@ -2906,6 +3019,13 @@ extern "C" int block_fwd_composed_f64(
     }
     {
         const int64_t count = batch*n;
+        block_fwd_composed_f64_out_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
         block_fwd_composed_f64_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
@@ -2949,6 +3069,13 @@ extern "C" int block_fwd_composed_f64(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
+        block_fwd_composed_f64_mlp_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
@@ -4550,54 +4677,111 @@ __global__ void block_fwd_composed_f32_out_Y(
                 acc_5_7 += attn[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * out_Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = x[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = x[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        resid[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        resid[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+    }
+}
+
+/* out.Y.pointwise: from the DNF
+ * stage out: out_proj tiled
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void block_fwd_composed_f32_out_Y_pointwise(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+        resid[dm*(b*n + i) + m] = x[dm*(b*n + i) + m] + resid[dm*(b*n + i) + m];
     }
 }
 
@@ -5256,55 +5440,111 @@ __global__ void block_fwd_composed_f32_mlp_H(
                 acc_5_6 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 6];
                 acc_5_7 += xn2[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * mlp_Wu_panel[8*c + 8*dm*e_tile + 7];
             }
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+            mlp_H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+            mlp_H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
         }
+    }
+}
+
+/* mlp.H.pointwise: from the DNF
+ * stage mlp: mlp_fwd tiled
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ */
+__global__ void block_fwd_composed_f32_mlp_H_pointwise(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    float *__restrict__ y,
+    float *__restrict__ inv_rms1,
+    float *__restrict__ Q,
+    float *__restrict__ K,
+    float *__restrict__ V,
+    float *__restrict__ attn,
+    float *__restrict__ lse,
+    float *__restrict__ resid,
+    float *__restrict__ inv_rms2,
+    float *__restrict__ U,
+    float *__restrict__ xn1,
+    float *__restrict__ xn2,
+    float *__restrict__ mlp_out,
+    float *__restrict__ qkv_Wq_panel,
+    float *__restrict__ qkv_Wk_panel,
+    float *__restrict__ qkv_Wv_panel,
+    float *__restrict__ attn_probs,
+    float *__restrict__ out_Wo_panel,
+    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_Wg_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_Wd_panel,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float eps,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_H[dff*(b*n + i) + e];
     }
 }
 
@@ -5890,6 +6130,13 @@ extern "C" int block_fwd_composed_f32(
     }
     {
         const int64_t count = batch*n;
+        block_fwd_composed_f32_out_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
         block_fwd_composed_f32_out_Y_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
@@ -5933,6 +6180,13 @@ extern "C" int block_fwd_composed_f32(
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_fwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
+        block_fwd_composed_f32_mlp_H_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, y, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, xn1, xn2, mlp_out, qkv_Wq_panel, qkv_Wk_panel, qkv_Wv_panel, attn_probs, out_Wo_panel, mlp_H, mlp_Wg_panel, mlp_Wu_panel, mlp_Wd_panel, batch, n, dm, heads, dh, dff, eps, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;

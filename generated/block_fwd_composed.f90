@@ -1290,102 +1290,68 @@ contains
                   & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile) + acc_0_0
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 1) + acc_0_1
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 2) + acc_0_2
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 3) + acc_0_3
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 4) + acc_0_4
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 5) + acc_0_5
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 6) + acc_0_6
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 7) + acc_0_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile) + acc_1_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile) + acc_2_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile) + acc_3_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile) + acc_4_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 1) + acc_4_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 2) + acc_4_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 3) + acc_4_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 4) + acc_4_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 5) + acc_4_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 6) + acc_4_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 7) + acc_4_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile) + acc_5_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 1) + acc_5_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 2) + acc_5_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 3) + acc_5_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 4) + acc_5_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 5) + acc_5_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 6) + acc_5_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 7) + acc_5_7
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! out.Y.pointwise: from the DNF
+    ! stage out: out_proj tiled
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(2) schedule(static) private(m)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do m = 0, 8*((dm) / 8) - 1
+          resid(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + resid(dm*(b*n + i) + m)
         end do
       end do
     end do
@@ -1848,151 +1814,69 @@ contains
               acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
                   & + 8*dm*e_tile + 7)
             end do
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
-                & 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                & 8*e_tile))) * acc_0_0
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 1))) * acc_0_1
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 2))) * acc_0_2
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 3))) * acc_0_3
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 4))) * acc_0_4
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 5))) * acc_0_5
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 6))) * acc_0_6
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 7))) * acc_0_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_double + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.H.pointwise: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(2) schedule(static) private(e)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do e = 0, 8*((dff) / 8) - 1
+          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
+              & + e))) * mlp_H(dff*(b*n + i) + e)
         end do
       end do
     end do
@@ -3554,102 +3438,68 @@ contains
                   & out_Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = x(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile) + acc_0_0
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 1) + acc_0_1
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 2) + acc_0_2
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 3) + acc_0_3
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 4) + acc_0_4
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 5) + acc_0_5
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 6) + acc_0_6
-          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = x(dm*(b*n + min(6*i_tile, n - &
-              & 1)) + 8*m_tile + 7) + acc_0_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile) + acc_1_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 1) + acc_1_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 2) + acc_1_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 3) + acc_1_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 4) + acc_1_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 5) + acc_1_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 6) + acc_1_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 1)) + 8*m_tile + 7) + acc_1_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile) + acc_2_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 1) + acc_2_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 2) + acc_2_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 3) + acc_2_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 4) + acc_2_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 5) + acc_2_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 6) + acc_2_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 2)) + 8*m_tile + 7) + acc_2_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile) + acc_3_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 1) + acc_3_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 2) + acc_3_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 3) + acc_3_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 4) + acc_3_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 5) + acc_3_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 6) + acc_3_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 3)) + 8*m_tile + 7) + acc_3_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile) + acc_4_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 1) + acc_4_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 2) + acc_4_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 3) + acc_4_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 4) + acc_4_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 5) + acc_4_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 6) + acc_4_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 4)) + 8*m_tile + 7) + acc_4_7
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = x(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile) + acc_5_0
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 1) + acc_5_1
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 2) + acc_5_2
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 3) + acc_5_3
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 4) + acc_5_4
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 5) + acc_5_5
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 6) + acc_5_6
-          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = x(dm*(b*n + min(n - 1, &
-              & 6*i_tile + 5)) + 8*m_tile + 7) + acc_5_7
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          resid(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          resid(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! out.Y.pointwise: from the DNF
+    ! stage out: out_proj tiled
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(2) schedule(static) private(m)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do m = 0, 8*((dm) / 8) - 1
+          resid(dm*(b*n + i) + m) = x(dm*(b*n + i) + m) + resid(dm*(b*n + i) + m)
         end do
       end do
     end do
@@ -4112,151 +3962,69 @@ contains
               acc_5_7 = acc_5_7 + xn2(c + dm*(b*n + min(n - 1, 6*i_tile + 5))) * mlp_Wu_panel(8*c &
                   & + 8*dm*e_tile + 7)
             end do
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = U(dff*(b*n + min(6*i_tile, n - &
-                & 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) + &
-                & 8*e_tile))) * acc_0_0
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 1))) * acc_0_1
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 2))) * acc_0_2
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 3))) * acc_0_3
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 4))) * acc_0_4
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 5))) * acc_0_5
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 6))) * acc_0_6
-            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = U(dff*(b*n + min(6*i_tile, n &
-                & - 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(6*i_tile, n - 1)) &
-                & + 8*e_tile + 7))) * acc_0_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile))) * acc_1_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 1))) * acc_1_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 2))) * acc_1_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 3))) * acc_1_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 4))) * acc_1_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 5))) * acc_1_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 6))) * acc_1_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 1)) + 8*e_tile + 7))) * acc_1_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile))) * acc_2_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 1))) * acc_2_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 2))) * acc_2_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 3))) * acc_2_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 4))) * acc_2_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 5))) * acc_2_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 6))) * acc_2_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 2)) + 8*e_tile + 7))) * acc_2_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile))) * acc_3_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 1))) * acc_3_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 2))) * acc_3_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 3))) * acc_3_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 4))) * acc_3_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 5))) * acc_3_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 6))) * acc_3_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 3)) + 8*e_tile + 7))) * acc_3_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile))) * acc_4_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 1))) * acc_4_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 2))) * acc_4_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 3))) * acc_4_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 4))) * acc_4_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 5))) * acc_4_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 6))) * acc_4_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 4)) + 8*e_tile + 7))) * acc_4_7
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile))) * acc_5_0
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 1) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 1))) * acc_5_1
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 2) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 2))) * acc_5_2
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 3) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 3))) * acc_5_3
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 4) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 4))) * acc_5_4
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 5) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 5))) * acc_5_5
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 6) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 6))) * acc_5_6
-            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 7) / (1.0_c_float + exp(-U(dff*(b*n + min(n - 1, &
-                & 6*i_tile + 5)) + 8*e_tile + 7))) * acc_5_7
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile) = acc_0_0
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 1) = acc_0_1
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 2) = acc_0_2
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 3) = acc_0_3
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 4) = acc_0_4
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 5) = acc_0_5
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 6) = acc_0_6
+            mlp_H(dff*(b*n + min(6*i_tile, n - 1)) + 8*e_tile + 7) = acc_0_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile) = acc_1_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 1) = acc_1_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 2) = acc_1_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 3) = acc_1_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 4) = acc_1_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 5) = acc_1_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 6) = acc_1_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 1)) + 8*e_tile + 7) = acc_1_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile) = acc_2_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 1) = acc_2_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 2) = acc_2_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 3) = acc_2_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 4) = acc_2_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 5) = acc_2_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 6) = acc_2_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 2)) + 8*e_tile + 7) = acc_2_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile) = acc_3_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 1) = acc_3_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 2) = acc_3_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 3) = acc_3_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 4) = acc_3_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 5) = acc_3_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 6) = acc_3_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 3)) + 8*e_tile + 7) = acc_3_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile) = acc_4_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 1) = acc_4_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 2) = acc_4_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 3) = acc_4_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 4) = acc_4_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 5) = acc_4_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 6) = acc_4_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 4)) + 8*e_tile + 7) = acc_4_7
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile) = acc_5_0
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 1) = acc_5_1
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 2) = acc_5_2
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 3) = acc_5_3
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 4) = acc_5_4
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 5) = acc_5_5
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 6) = acc_5_6
+            mlp_H(dff*(b*n + min(n - 1, 6*i_tile + 5)) + 8*e_tile + 7) = acc_5_7
           end do
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! mlp.H.pointwise: from the DNF
+    ! stage mlp: mlp_fwd tiled
+    ! H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+    !$omp parallel do collapse(2) schedule(static) private(e)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do e = 0, 8*((dff) / 8) - 1
+          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
+              & e))) * mlp_H(dff*(b*n + i) + e)
         end do
       end do
     end do

@@ -315,54 +315,54 @@ static void mlp_fwd_tiled_f64_H(
                         acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
                         acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
                     }
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0 + exp(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
             }
         }
@@ -606,6 +606,18 @@ void mlp_fwd_tiled_f64(
         }
     }
     mlp_fwd_tiled_f64_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* H.pointwise: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * H[dff*(b*n + i) + e];
+            }
+        }
+    }
     /* H.edge: from the DNF
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */
@@ -955,54 +967,54 @@ static void mlp_fwd_tiled_f32_H(
                         acc_5_6 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 6];
                         acc_5_7 += X[c + dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wu_panel[8*c + 8*dm*e_tile + 7];
                     }
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile])) * acc_0_0;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1])) * acc_0_1;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2])) * acc_0_2;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3])) * acc_0_3;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4])) * acc_0_4;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5])) * acc_0_5;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6])) * acc_0_6;
-                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7])) * acc_0_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile])) * acc_1_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1])) * acc_1_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2])) * acc_1_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3])) * acc_1_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4])) * acc_1_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5])) * acc_1_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6])) * acc_1_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7])) * acc_1_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile])) * acc_2_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1])) * acc_2_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2])) * acc_2_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3])) * acc_2_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4])) * acc_2_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5])) * acc_2_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6])) * acc_2_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7])) * acc_2_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile])) * acc_3_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1])) * acc_3_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2])) * acc_3_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3])) * acc_3_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4])) * acc_3_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5])) * acc_3_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6])) * acc_3_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7])) * acc_3_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile])) * acc_4_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1])) * acc_4_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2])) * acc_4_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3])) * acc_4_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4])) * acc_4_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5])) * acc_4_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6])) * acc_4_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7])) * acc_4_7;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile])) * acc_5_0;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1])) * acc_5_1;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2])) * acc_5_2;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3])) * acc_5_3;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4])) * acc_5_4;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5])) * acc_5_5;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6])) * acc_5_6;
-                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] / (1.0f + expf(-U[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7])) * acc_5_7;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile] = acc_0_0;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 1] = acc_0_1;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 2] = acc_0_2;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 3] = acc_0_3;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 4] = acc_0_4;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 5] = acc_0_5;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 6] = acc_0_6;
+                    H[dff*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*e_tile + 7] = acc_0_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile] = acc_1_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 1] = acc_1_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 2] = acc_1_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 3] = acc_1_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 4] = acc_1_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 5] = acc_1_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 6] = acc_1_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*e_tile + 7] = acc_1_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile] = acc_2_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 1] = acc_2_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 2] = acc_2_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 3] = acc_2_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 4] = acc_2_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 5] = acc_2_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 6] = acc_2_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*e_tile + 7] = acc_2_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile] = acc_3_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 1] = acc_3_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 2] = acc_3_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 3] = acc_3_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 4] = acc_3_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 5] = acc_3_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 6] = acc_3_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*e_tile + 7] = acc_3_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile] = acc_4_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 1] = acc_4_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 2] = acc_4_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 3] = acc_4_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 4] = acc_4_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 5] = acc_4_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 6] = acc_4_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*e_tile + 7] = acc_4_7;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile] = acc_5_0;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 1] = acc_5_1;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 2] = acc_5_2;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 3] = acc_5_3;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 4] = acc_5_4;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 5] = acc_5_5;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 6] = acc_5_6;
+                    H[dff*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*e_tile + 7] = acc_5_7;
                 }
             }
         }
@@ -1246,6 +1258,18 @@ void mlp_fwd_tiled_f32(
         }
     }
     mlp_fwd_tiled_f32_H(X, Wg, Wu, Wd, F, U, H, Wg_panel, Wu_panel, Wd_panel, batch, n, dm, dff);
+    /* H.pointwise: from the DNF
+     * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            #pragma omp simd
+            for (int64_t e = 0; e < 8*((dff) / 8); ++e) {
+                H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * H[dff*(b*n + i) + e];
+            }
+        }
+    }
     /* H.edge: from the DNF
      * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
      */

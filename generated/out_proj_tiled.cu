@@ -158,54 +158,80 @@ __global__ void out_proj_tiled_f64_Y(
                 acc_5_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+    }
+}
+
+/* Y.pointwise: from the DNF
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void out_proj_tiled_f64_Y_pointwise(
+    const double *__restrict__ O,
+    const double *__restrict__ Wo,
+    const double *__restrict__ R,
+    double *__restrict__ Y,
+    double *__restrict__ Wo_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+        Y[dm*(b*n + i) + m] = R[dm*(b*n + i) + m] + Y[dm*(b*n + i) + m];
     }
 }
 
@@ -269,6 +295,13 @@ extern "C" int out_proj_tiled_f64(
     {
         const int64_t count = batch*((dm) / 8);
         out_proj_tiled_f64_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
+        out_proj_tiled_f64_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
@@ -434,54 +467,80 @@ __global__ void out_proj_tiled_f32_Y(
                 acc_5_7 += O[c + dh*(n*(b*heads + h) + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5))] * Wo_panel[8*c + 8*dh*(h + heads*m_tile) + 7];
             }
         }
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] + acc_0_0;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] + acc_0_1;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] + acc_0_2;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] + acc_0_3;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] + acc_0_4;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] + acc_0_5;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] + acc_0_6;
-        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = R[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] + acc_0_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] + acc_1_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] + acc_1_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] + acc_1_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] + acc_1_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] + acc_1_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] + acc_1_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] + acc_1_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] + acc_1_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] + acc_2_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] + acc_2_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] + acc_2_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] + acc_2_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] + acc_2_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] + acc_2_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] + acc_2_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] + acc_2_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] + acc_3_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] + acc_3_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] + acc_3_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] + acc_3_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] + acc_3_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] + acc_3_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] + acc_3_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] + acc_3_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] + acc_4_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] + acc_4_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] + acc_4_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] + acc_4_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] + acc_4_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] + acc_4_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] + acc_4_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] + acc_4_7;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] + acc_5_0;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] + acc_5_1;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] + acc_5_2;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] + acc_5_3;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] + acc_5_4;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] + acc_5_5;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] + acc_5_6;
-        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = R[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] + acc_5_7;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile] = acc_0_0;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 1] = acc_0_1;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 2] = acc_0_2;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 3] = acc_0_3;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 4] = acc_0_4;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 5] = acc_0_5;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 6] = acc_0_6;
+        Y[dm*(b*n + (6*i_tile < n - 1 ? 6*i_tile : n - 1)) + 8*m_tile + 7] = acc_0_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile] = acc_1_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 1] = acc_1_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 2] = acc_1_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 3] = acc_1_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 4] = acc_1_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 5] = acc_1_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 6] = acc_1_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 1 ? n - 1 : 6*i_tile + 1)) + 8*m_tile + 7] = acc_1_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile] = acc_2_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 1] = acc_2_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 2] = acc_2_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 3] = acc_2_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 4] = acc_2_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 5] = acc_2_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 6] = acc_2_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 2 ? n - 1 : 6*i_tile + 2)) + 8*m_tile + 7] = acc_2_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile] = acc_3_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 1] = acc_3_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 2] = acc_3_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 3] = acc_3_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 4] = acc_3_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 5] = acc_3_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 6] = acc_3_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 3 ? n - 1 : 6*i_tile + 3)) + 8*m_tile + 7] = acc_3_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile] = acc_4_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 1] = acc_4_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 2] = acc_4_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 3] = acc_4_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 4] = acc_4_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 5] = acc_4_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 6] = acc_4_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 4 ? n - 1 : 6*i_tile + 4)) + 8*m_tile + 7] = acc_4_7;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile] = acc_5_0;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 1] = acc_5_1;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 2] = acc_5_2;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 3] = acc_5_3;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 4] = acc_5_4;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 5] = acc_5_5;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 6] = acc_5_6;
+        Y[dm*(b*n + (n - 1 < 6*i_tile + 5 ? n - 1 : 6*i_tile + 5)) + 8*m_tile + 7] = acc_5_7;
+    }
+}
+
+/* Y.pointwise: from the DNF
+ * Y[b, i, m] = (<b i m> psi R)
+ *              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+ */
+__global__ void out_proj_tiled_f32_Y_pointwise(
+    const float *__restrict__ O,
+    const float *__restrict__ Wo,
+    const float *__restrict__ R,
+    float *__restrict__ Y,
+    float *__restrict__ Wo_panel,
+    int64_t batch,
+    int64_t heads,
+    int64_t n,
+    int64_t dh,
+    int64_t dm
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*n) return;
+    const int64_t i = tid % n;
+    const int64_t b = (tid / n);
+    for (int64_t m = 0; m < 8*((dm) / 8); ++m) {
+        Y[dm*(b*n + i) + m] = R[dm*(b*n + i) + m] + Y[dm*(b*n + i) + m];
     }
 }
 
@@ -545,6 +604,13 @@ extern "C" int out_proj_tiled_f32(
     {
         const int64_t count = batch*((dm) / 8);
         out_proj_tiled_f32_Y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*n;
+        out_proj_tiled_f32_Y_pointwise<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
             O, Wo, R, Y, Wo_panel, batch, heads, n, dh, dm);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;

@@ -201,102 +201,67 @@ contains
                   & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile) + acc_0_0
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 1) + acc_0_1
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 2) + acc_0_2
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 3) + acc_0_3
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 4) + acc_0_4
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 5) + acc_0_5
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 6) + acc_0_6
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 7) + acc_0_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 1)) + 8*m_tile) + acc_1_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 1) + acc_1_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 2) + acc_1_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 3) + acc_1_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 4) + acc_1_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 5) + acc_1_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 6) + acc_1_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 7) + acc_1_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 2)) + 8*m_tile) + acc_2_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 1) + acc_2_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 2) + acc_2_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 3) + acc_2_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 4) + acc_2_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 5) + acc_2_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 6) + acc_2_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 7) + acc_2_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 3)) + 8*m_tile) + acc_3_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 1) + acc_3_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 2) + acc_3_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 3) + acc_3_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 4) + acc_3_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 5) + acc_3_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 6) + acc_3_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 7) + acc_3_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 4)) + 8*m_tile) + acc_4_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 1) + acc_4_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 2) + acc_4_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 3) + acc_4_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 4) + acc_4_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 5) + acc_4_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 6) + acc_4_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 7) + acc_4_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 5)) + 8*m_tile) + acc_5_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 1) + acc_5_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 2) + acc_5_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 3) + acc_5_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 4) + acc_5_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 5) + acc_5_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 6) + acc_5_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 7) + acc_5_7
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! Y.pointwise: from the DNF
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(2) schedule(static) private(m)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do m = 0, 8*((dm) / 8) - 1
+          Y(dm*(b*n + i) + m) = R(dm*(b*n + i) + m) + Y(dm*(b*n + i) + m)
         end do
       end do
     end do
@@ -517,102 +482,67 @@ contains
                   & Wo_panel(8*c + 8*dh*(h + heads*m_tile) + 7)
             end do
           end do
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile) + acc_0_0
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 1) + acc_0_1
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 2) + acc_0_2
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 3) + acc_0_3
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 4) + acc_0_4
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 5) + acc_0_5
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 6) + acc_0_6
-          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = R(dm*(b*n + min(6*i_tile, n - 1)) + &
-              & 8*m_tile + 7) + acc_0_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 1)) + 8*m_tile) + acc_1_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 1) + acc_1_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 2) + acc_1_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 3) + acc_1_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 4) + acc_1_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 5) + acc_1_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 6) + acc_1_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 1)) + 8*m_tile + 7) + acc_1_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 2)) + 8*m_tile) + acc_2_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 1) + acc_2_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 2) + acc_2_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 3) + acc_2_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 4) + acc_2_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 5) + acc_2_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 6) + acc_2_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 2)) + 8*m_tile + 7) + acc_2_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 3)) + 8*m_tile) + acc_3_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 1) + acc_3_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 2) + acc_3_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 3) + acc_3_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 4) + acc_3_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 5) + acc_3_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 6) + acc_3_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 3)) + 8*m_tile + 7) + acc_3_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 4)) + 8*m_tile) + acc_4_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 1) + acc_4_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 2) + acc_4_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 3) + acc_4_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 4) + acc_4_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 5) + acc_4_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 6) + acc_4_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 4)) + 8*m_tile + 7) + acc_4_7
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = R(dm*(b*n + min(n - 1, 6*i_tile + &
-              & 5)) + 8*m_tile) + acc_5_0
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 1) + acc_5_1
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 2) + acc_5_2
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 3) + acc_5_3
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 4) + acc_5_4
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 5) + acc_5_5
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 6) + acc_5_6
-          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = R(dm*(b*n + min(n - 1, 6*i_tile &
-              & + 5)) + 8*m_tile + 7) + acc_5_7
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile) = acc_0_0
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 1) = acc_0_1
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 2) = acc_0_2
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 3) = acc_0_3
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 4) = acc_0_4
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 5) = acc_0_5
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 6) = acc_0_6
+          Y(dm*(b*n + min(6*i_tile, n - 1)) + 8*m_tile + 7) = acc_0_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile) = acc_1_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 1) = acc_1_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 2) = acc_1_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 3) = acc_1_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 4) = acc_1_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 5) = acc_1_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 6) = acc_1_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 1)) + 8*m_tile + 7) = acc_1_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile) = acc_2_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 1) = acc_2_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 2) = acc_2_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 3) = acc_2_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 4) = acc_2_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 5) = acc_2_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 6) = acc_2_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 2)) + 8*m_tile + 7) = acc_2_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile) = acc_3_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 1) = acc_3_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 2) = acc_3_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 3) = acc_3_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 4) = acc_3_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 5) = acc_3_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 6) = acc_3_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 3)) + 8*m_tile + 7) = acc_3_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile) = acc_4_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 1) = acc_4_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 2) = acc_4_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 3) = acc_4_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 4) = acc_4_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 5) = acc_4_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 6) = acc_4_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 4)) + 8*m_tile + 7) = acc_4_7
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile) = acc_5_0
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 1) = acc_5_1
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 2) = acc_5_2
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 3) = acc_5_3
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 4) = acc_5_4
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 5) = acc_5_5
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 6) = acc_5_6
+          Y(dm*(b*n + min(n - 1, 6*i_tile + 5)) + 8*m_tile + 7) = acc_5_7
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! Y.pointwise: from the DNF
+    ! Y[b, i, m] = (<b i m> psi R)
+    !              + sum[h < heads](sum[c < dh]((<b h i c> psi O) * (<h c m> psi Wo)))
+    !$omp parallel do collapse(2) schedule(static) private(m)
+    do b = 0, batch - 1
+      do i = 0, n - 1
+        !$omp simd
+        do m = 0, 8*((dm) / 8) - 1
+          Y(dm*(b*n + i) + m) = R(dm*(b*n + i) + m) + Y(dm*(b*n + i) + m)
         end do
       end do
     end do

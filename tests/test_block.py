@@ -101,6 +101,23 @@ def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_colu
     assert str(edge_cols.start) == "8*idiv(dff, 8)"
 
 
+def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
+    """H = silu(U) * (X Wu): the tile stores the sums (vector stores), a parallel nest over
+    the tiled columns multiplies by silu(U) (a vectorized loop of exponentials); the edge
+    columns compute the whole value."""
+    nests = {n.label: n for n in onf_of("mlp_fwd", "tiled").nests}
+    assert [label for label in nests if label.startswith("H")] == \
+        ["H.pack_Wu", "H", "H.pointwise", "H.edge"]
+    tile_stores = [s for s in walk(nests["H"].body) if isinstance(s, Store)]
+    assert all(isinstance(s.value, S.Local) for s in tile_stores)
+    (apply,) = [s for s in walk(nests["H.pointwise"].body) if isinstance(s, Store)]
+    assert S.Load("H", apply.index[0]) in list(S.subexpressions(apply.value))
+    assert any(isinstance(e, S.Un) and e.fn == "silu" for e in S.subexpressions(apply.value))
+    cols = next(s for s in walk(nests["H.pointwise"].body) if isinstance(s, Loop) and s.simd)
+    assert str(cols.stop) == "8*idiv(dff, 8)" and nests["H.pointwise"].body[0].parallel == 2
+    assert "U.pointwise" not in nests  # a plain sum: nothing to apply
+
+
 def test_a_tiled_nest_keeps_the_compiler_from_revectorizing_its_tiles():
     """In C each tiled nest is a static function that opts out of the loop vectorizer,
     called from the kernel's function, which keeps it (the composite's other stages)."""

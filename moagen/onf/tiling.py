@@ -72,6 +72,11 @@ class RegisterTile:
         if self.pack:
             body, pack = self._pack(body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names)
 
+        # a tile stores its sums; what the value does with the sum (silu(U) * sum) is a
+        # pointwise nest of its own after it: in the tile's last step it would keep the
+        # compiler from holding the accumulators in vector registers (each lane taken out
+        # for a scalar call)
+        pointwise = store.value != reduction
         lets, updates, stores = [], [], []
         for u in range(self.mr):
             r_u = sympy.Min(self.mr * r_tile + u, rows.stop - 1)
@@ -80,10 +85,10 @@ class RegisterTile:
                 acc = acc_names.claim(acc_names.new(f"acc_{u}_{v}"))
                 lets.append(Let(acc, S.Num(0.0)))
                 updates.append(Update(acc, "+", S.subs(body, at)))
-                value = S.replace_node(store.value, reduction, S.Local(acc))
+                value = S.Local(acc) if pointwise else \
+                    S.subs(S.replace_node(store.value, reduction, S.Local(acc)), at)
                 stores.append(Store(store.array, tuple(sympy.sympify(i).xreplace(at)
-                                                        for i in store.index),
-                                    S.subs(value, at)))
+                                                        for i in store.index), value))
         k_loops = [Loop(v, sympy.Integer(0), red.extent, (), vector_tile=True)
                    for red, v in zip(sums, loop_vars)]
         # column tiles outside row tiles: a panel of the operand indexed by columns stays
@@ -100,8 +105,12 @@ class RegisterTile:
                                                                    per_block * r_blk + per_block),
                                ())]
         tiles = enclose(outer + tile_loops, lets + list(enclose(k_loops, updates)) + stores)
-        edge_cols = replace(cols, start=self.nr * idiv(cols.stop, self.nr))
-        edge = enclose(outer + [rows, edge_cols], (store,))
+        tiled_cols = self.nr * idiv(cols.stop, self.nr)
+        edge = enclose(outer + [rows, replace(cols, start=tiled_cols)], (store,))
+        applied = S.replace_node(store.value, reduction, S.Access(store.array, store.index))
+        apply = enclose(outer + [rows, replace(cols, stop=tiled_cols)],
+                        (replace(store, value=applied),))
+        apply = (replace(apply[0], parallel=len(outer) + 1),)  # each row its own
         nests, temps = [], onf.temps
         for n in onf.nests:
             if n is not nest:
@@ -110,7 +119,10 @@ class RegisterTile:
             for operand, panel, copy in pack:  # U.pack_Wg fills Wg_panel
                 nests.append(Nest(panel.name, copy, n.origin, f"{n.label}.pack_{operand}"))
                 temps += (panel,)
-            nests += [replace(n, body=tiles), Nest(n.target, edge, n.origin, f"{n.label}.edge")]
+            nests.append(replace(n, body=tiles))
+            if pointwise:
+                nests.append(Nest(n.target, apply, n.origin, f"{n.label}.pointwise"))
+            nests.append(Nest(n.target, edge, n.origin, f"{n.label}.edge"))
         return replace(onf.with_nests(nests, str(self)), temps=temps)
 
     def _pack(self, body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names):
