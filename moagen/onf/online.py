@@ -146,8 +146,9 @@ def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
     roles = ("score", "new_max", "exp_gap", "rescale", "p")
     fresh = _fresh(names, roles)
     score, new_max, gap, rescale, p = (S.Local(fresh[r]) for r in roles)
-    stores = _accumulating_stores(transform, probability_is(p), ())
-    body = [_rescaled(s, rescale) for s in probability_is(p)]
+    body = probability_is(p)
+    stores = _accumulating_stores(transform, body, ())
+    body = [_rescaled(s, rescale) for s in body]
     head = [Let(fresh["score"], f),
             Let(fresh["new_max"], S.Bin("max", S.Local(m), score)),
             Let(fresh["exp_gap"], S.Un("exp", S.Bin("-", S.Bin("min", S.Local(m), score), new_max))),

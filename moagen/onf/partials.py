@@ -39,7 +39,8 @@ class PartialSums:
     rows: str = ""  # a nest over the same rows to run inside the parts
 
     def __str__(self):
-        return f"partial_sums({self.nest}, {self.var}, {self.parts})"
+        rows = f", rows={self.rows}" if self.rows else ""
+        return f"partial_sums({self.nest}, {self.var}, {self.parts}{rows})"
 
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
