@@ -51,7 +51,7 @@ class FortranPrinter(Printer):
             arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
         stmts = [s for n in self.onf.nests for s in n.body]
         loop_vars = self.loop_vars_in(stmts) + self.quotients_in(stmts)
-        locals_ = self.locals_in([s for n in self.onf.nests for s in n.body])
+        locals_ = self.locals_in(stmts)
         return {
             "name": sig.name,
             "args": [a.name for a in sig.arrays] + [s.name for s in sig.sizes] + list(sig.scalars),

@@ -8,7 +8,7 @@ from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, 
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
-from moagen.onf.schedule import Accumulate, Hoist, Parallel, Split
+from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.unroll import rows_together
 
 Q = array("Q", "batch", "heads", "n", "d")

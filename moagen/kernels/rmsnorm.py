@@ -10,7 +10,7 @@ from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.partials import PartialSums
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.schedule import Hoist, Parallel
 from moagen.onf.unroll import rows_together
 
 X = array("x", "batch", "n", "d")

@@ -107,10 +107,6 @@ class RegisterTile:
         tiles = enclose(outer + tile_loops, lets + list(enclose(k_loops, updates)) + stores)
         tiled_cols = self.nr * idiv(cols.stop, self.nr)
         edge = enclose(outer + [rows, replace(cols, start=tiled_cols)], (store,))
-        applied = S.replace_node(store.value, reduction, S.Access(store.array, store.index))
-        apply = enclose(outer + [rows, replace(cols, stop=tiled_cols)],
-                        (replace(store, value=applied),))
-        apply = (replace(apply[0], parallel=len(outer) + 1),)  # each row its own
         nests, temps = [], onf.temps
         for n in onf.nests:
             if n is not nest:
@@ -121,9 +117,18 @@ class RegisterTile:
                 temps += (panel,)
             nests.append(replace(n, body=tiles))
             if pointwise:
+                apply = self._pointwise(store, reduction, outer, rows, replace(cols, stop=tiled_cols))
                 nests.append(Nest(n.target, apply, n.origin, f"{n.label}.pointwise"))
             nests.append(Nest(n.target, edge, n.origin, f"{n.label}.edge"))
         return replace(onf.with_nests(nests, str(self)), temps=temps)
+
+    @staticmethod
+    def _pointwise(store, reduction, outer, rows, cols):
+        """The stored value with the tile's sum read back, over the tiled columns; parallel
+        over the outer loops and rows (each iteration its own row)."""
+        applied = S.replace_node(store.value, reduction, S.Access(store.array, store.index))
+        apply = enclose(outer + [rows, cols], (replace(store, value=applied),))
+        return (replace(apply[0], parallel=len(outer) + 1),)
 
     def _pack(self, body, outer, rows, cols, c_tile, sums, loop_vars, new_var, names):
         """Panels: each operand indexed by the columns (and not the rows), copied so that a
