@@ -13,6 +13,10 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+
 void attention_decode_dnf_f64(
     const double *restrict q,
     const double *restrict K,
@@ -96,7 +100,7 @@ void attention_decode_dnf_f64(
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
                 }
-                row_max = fmax(row_max, scale * qk);
+                row_max = max_double(row_max, scale * qk);
             }
             double row_sum = 0.0;
             const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));
@@ -209,7 +213,7 @@ void attention_decode_dnf_f32(
                 for (int64_t c = 0; c < d; ++c) {
                     qk += K[c + d*(cap*(b*kv_heads + quot) + j)] * q[c + d*(b*q_heads + h)];
                 }
-                row_max = fmaxf(row_max, scale * qk);
+                row_max = max_float(row_max, scale * qk);
             }
             float row_sum = 0.0f;
             const int64_t quot2 = ((h) / (((q_heads) / kv_heads)));

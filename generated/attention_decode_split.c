@@ -13,6 +13,12 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline double min_double(double a, double b) { return a < b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+static inline float min_float(float a, float b) { return a < b ? a : b; }
+
 void attention_decode_split_f64(
     const double *restrict q,
     const double *restrict K,
@@ -123,14 +129,14 @@ void attention_decode_split_f64(
                     const double score_1 = scale * qk_1;
                     const double score_2 = scale * qk_2;
                     const double score_3 = scale * qk_3;
-                    const double new_max_0 = fmax(row_max_0, score_0);
-                    const double new_max_1 = fmax(row_max_1, score_1);
-                    const double new_max_2 = fmax(row_max_2, score_2);
-                    const double new_max_3 = fmax(row_max_3, score_3);
-                    const double exp_gap_0 = exp(fmin(row_max_0, score_0) - new_max_0);
-                    const double exp_gap_1 = exp(fmin(row_max_1, score_1) - new_max_1);
-                    const double exp_gap_2 = exp(fmin(row_max_2, score_2) - new_max_2);
-                    const double exp_gap_3 = exp(fmin(row_max_3, score_3) - new_max_3);
+                    const double new_max_0 = max_double(row_max_0, score_0);
+                    const double new_max_1 = max_double(row_max_1, score_1);
+                    const double new_max_2 = max_double(row_max_2, score_2);
+                    const double new_max_3 = max_double(row_max_3, score_3);
+                    const double exp_gap_0 = exp(min_double(row_max_0, score_0) - new_max_0);
+                    const double exp_gap_1 = exp(min_double(row_max_1, score_1) - new_max_1);
+                    const double exp_gap_2 = exp(min_double(row_max_2, score_2) - new_max_2);
+                    const double exp_gap_3 = exp(min_double(row_max_3, score_3) - new_max_3);
                     const double rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0);
                     const double rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0);
                     const double rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0);
@@ -237,8 +243,8 @@ void attention_decode_split_f64(
                         qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
                     }
                     const double score = scale * qk;
-                    const double new_max = fmax(row_max, score);
-                    const double exp_gap = exp(fmin(row_max, score) - new_max);
+                    const double new_max = max_double(row_max, score);
+                    const double exp_gap = exp(min_double(row_max, score) - new_max);
                     const double rescale = (score > row_max ? exp_gap : 1.0);
                     const double p = (score > row_max ? 1.0 : exp_gap);
                     row_sum = row_sum * rescale + p;
@@ -312,7 +318,7 @@ void attention_decode_split_f64(
             double row_max = -INFINITY;
             #pragma omp simd reduction(max:row_max)
             for (int64_t s = 0; s < 16; ++s) {
-                row_max = fmax(row_max, row_max_part[16*b*q_heads + 16*h + s]);
+                row_max = max_double(row_max, row_max_part[16*b*q_heads + 16*h + s]);
             }
             double row_sum = 0.0;
             #pragma omp simd reduction(+:row_sum)
@@ -446,14 +452,14 @@ void attention_decode_split_f32(
                     const float score_1 = scale * qk_1;
                     const float score_2 = scale * qk_2;
                     const float score_3 = scale * qk_3;
-                    const float new_max_0 = fmaxf(row_max_0, score_0);
-                    const float new_max_1 = fmaxf(row_max_1, score_1);
-                    const float new_max_2 = fmaxf(row_max_2, score_2);
-                    const float new_max_3 = fmaxf(row_max_3, score_3);
-                    const float exp_gap_0 = expf(fminf(row_max_0, score_0) - new_max_0);
-                    const float exp_gap_1 = expf(fminf(row_max_1, score_1) - new_max_1);
-                    const float exp_gap_2 = expf(fminf(row_max_2, score_2) - new_max_2);
-                    const float exp_gap_3 = expf(fminf(row_max_3, score_3) - new_max_3);
+                    const float new_max_0 = max_float(row_max_0, score_0);
+                    const float new_max_1 = max_float(row_max_1, score_1);
+                    const float new_max_2 = max_float(row_max_2, score_2);
+                    const float new_max_3 = max_float(row_max_3, score_3);
+                    const float exp_gap_0 = expf(min_float(row_max_0, score_0) - new_max_0);
+                    const float exp_gap_1 = expf(min_float(row_max_1, score_1) - new_max_1);
+                    const float exp_gap_2 = expf(min_float(row_max_2, score_2) - new_max_2);
+                    const float exp_gap_3 = expf(min_float(row_max_3, score_3) - new_max_3);
                     const float rescale_0 = (score_0 > row_max_0 ? exp_gap_0 : 1.0f);
                     const float rescale_1 = (score_1 > row_max_1 ? exp_gap_1 : 1.0f);
                     const float rescale_2 = (score_2 > row_max_2 ? exp_gap_2 : 1.0f);
@@ -560,8 +566,8 @@ void attention_decode_split_f32(
                         qk += K[c + d*(cap*(b*kv_heads + quot5) + j)] * q[c + d*(b*q_heads + h)];
                     }
                     const float score = scale * qk;
-                    const float new_max = fmaxf(row_max, score);
-                    const float exp_gap = expf(fminf(row_max, score) - new_max);
+                    const float new_max = max_float(row_max, score);
+                    const float exp_gap = expf(min_float(row_max, score) - new_max);
                     const float rescale = (score > row_max ? exp_gap : 1.0f);
                     const float p = (score > row_max ? 1.0f : exp_gap);
                     row_sum = row_sum * rescale + p;
@@ -635,7 +641,7 @@ void attention_decode_split_f32(
             float row_max = -INFINITY;
             #pragma omp simd reduction(max:row_max)
             for (int64_t s = 0; s < 16; ++s) {
-                row_max = fmaxf(row_max, row_max_part[16*b*q_heads + 16*h + s]);
+                row_max = max_float(row_max, row_max_part[16*b*q_heads + 16*h + s]);
             }
             float row_sum = 0.0f;
             #pragma omp simd reduction(+:row_sum)

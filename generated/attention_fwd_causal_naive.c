@@ -13,6 +13,10 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+
 void attention_fwd_causal_naive_f64(
     const double *restrict Q,
     const double *restrict K,
@@ -62,7 +66,7 @@ void attention_fwd_causal_naive_f64(
                 double row_max = -INFINITY;
                 #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
-                    row_max = fmax(row_max, scores[j + n*(i + n*(b*heads + h))]);
+                    row_max = max_double(row_max, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 double row_sum = 0.0;
                 #pragma omp simd reduction(+:row_sum)
@@ -112,7 +116,7 @@ void attention_fwd_causal_naive_f64(
                 double row_max2 = -INFINITY;
                 #pragma omp simd reduction(max:row_max2)
                 for (int64_t j = 0; j < n; ++j) {
-                    row_max2 = fmax(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+                    row_max2 = max_double(row_max2, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 double row_sum2 = 0.0;
                 #pragma omp simd reduction(+:row_sum2)
@@ -174,7 +178,7 @@ void attention_fwd_causal_naive_f32(
                 float row_max = -INFINITY;
                 #pragma omp simd reduction(max:row_max)
                 for (int64_t j = 0; j < n; ++j) {
-                    row_max = fmaxf(row_max, scores[j + n*(i + n*(b*heads + h))]);
+                    row_max = max_float(row_max, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 float row_sum = 0.0f;
                 #pragma omp simd reduction(+:row_sum)
@@ -224,7 +228,7 @@ void attention_fwd_causal_naive_f32(
                 float row_max2 = -INFINITY;
                 #pragma omp simd reduction(max:row_max2)
                 for (int64_t j = 0; j < n; ++j) {
-                    row_max2 = fmaxf(row_max2, scores[j + n*(i + n*(b*heads + h))]);
+                    row_max2 = max_float(row_max2, scores[j + n*(i + n*(b*heads + h))]);
                 }
                 float row_sum2 = 0.0f;
                 #pragma omp simd reduction(+:row_sum2)

@@ -13,6 +13,10 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+
 void attention_fwdbwd_atomic_f64(
     const double *restrict Q,
     const double *restrict K,
@@ -139,7 +143,7 @@ void attention_fwdbwd_atomic_f64(
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    row_max = fmax(row_max, scale * qk);
+                    row_max = max_double(row_max, scale * qk);
                 }
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
@@ -320,7 +324,7 @@ void attention_fwdbwd_atomic_f32(
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    row_max = fmaxf(row_max, scale * qk);
+                    row_max = max_float(row_max, scale * qk);
                 }
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {

@@ -13,6 +13,10 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+
 void attention_fwdbwd_causal_atomic_f64(
     const double *restrict Q,
     const double *restrict K,
@@ -133,7 +137,7 @@ void attention_fwdbwd_causal_atomic_f64(
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    row_max = fmax(row_max, (i >= j ? scale * qk : -INFINITY));
+                    row_max = max_double(row_max, (i >= j ? scale * qk : -INFINITY));
                 }
                 double row_sum = 0.0;
                 for (int64_t j = 0; j < n; ++j) {
@@ -308,7 +312,7 @@ void attention_fwdbwd_causal_atomic_f32(
                     for (int64_t c = 0; c < d; ++c) {
                         qk += Q[c + d*(i + n*(b*heads + h))] * K[c + d*(j + n*(b*heads + h))];
                     }
-                    row_max = fmaxf(row_max, (i >= j ? scale * qk : -INFINITY));
+                    row_max = max_float(row_max, (i >= j ? scale * qk : -INFINITY));
                 }
                 float row_sum = 0.0f;
                 for (int64_t j = 0; j < n; ++j) {

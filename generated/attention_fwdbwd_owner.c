@@ -13,6 +13,10 @@ double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
+
 void attention_fwdbwd_owner_f64(
     const double *restrict Q,
     const double *restrict K,
@@ -112,15 +116,15 @@ void attention_fwdbwd_owner_f64(
                     double block_max_3 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = fmax(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = fmax(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = fmax(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = fmax(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+                        block_max_0 = max_double(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max_1 = max_double(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+                        block_max_2 = max_double(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+                        block_max_3 = max_double(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
                     }
-                    const double new_max_0 = fmax(row_max_0, block_max_0);
-                    const double new_max_1 = fmax(row_max_1, block_max_1);
-                    const double new_max_2 = fmax(row_max_2, block_max_2);
-                    const double new_max_3 = fmax(row_max_3, block_max_3);
+                    const double new_max_0 = max_double(row_max_0, block_max_0);
+                    const double new_max_1 = max_double(row_max_1, block_max_1);
+                    const double new_max_2 = max_double(row_max_2, block_max_2);
+                    const double new_max_3 = max_double(row_max_3, block_max_3);
                     const double rescale_0 = exp(row_max_0 - new_max_0);
                     const double rescale_1 = exp(row_max_1 - new_max_1);
                     const double rescale_2 = exp(row_max_2 - new_max_2);
@@ -259,9 +263,9 @@ void attention_fwdbwd_owner_f64(
                     double block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = fmax(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_double(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
                     }
-                    const double new_max = fmax(row_max, block_max);
+                    const double new_max = max_double(row_max, block_max);
                     const double rescale = exp(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
@@ -636,15 +640,15 @@ void attention_fwdbwd_owner_f32(
                     float block_max_3 = -INFINITY;
                     #pragma omp simd reduction(max:block_max_0, block_max_1, block_max_2, block_max_3)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max_0 = fmaxf(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
-                        block_max_1 = fmaxf(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
-                        block_max_2 = fmaxf(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
-                        block_max_3 = fmaxf(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
+                        block_max_0 = max_float(block_max_0, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max_1 = max_float(block_max_1, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64]);
+                        block_max_2 = max_float(block_max_2, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128]);
+                        block_max_3 = max_float(block_max_3, probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192]);
                     }
-                    const float new_max_0 = fmaxf(row_max_0, block_max_0);
-                    const float new_max_1 = fmaxf(row_max_1, block_max_1);
-                    const float new_max_2 = fmaxf(row_max_2, block_max_2);
-                    const float new_max_3 = fmaxf(row_max_3, block_max_3);
+                    const float new_max_0 = max_float(row_max_0, block_max_0);
+                    const float new_max_1 = max_float(row_max_1, block_max_1);
+                    const float new_max_2 = max_float(row_max_2, block_max_2);
+                    const float new_max_3 = max_float(row_max_3, block_max_3);
                     const float rescale_0 = expf(row_max_0 - new_max_0);
                     const float rescale_1 = expf(row_max_1 - new_max_1);
                     const float rescale_2 = expf(row_max_2 - new_max_2);
@@ -783,9 +787,9 @@ void attention_fwdbwd_owner_f32(
                     float block_max = -INFINITY;
                     #pragma omp simd reduction(max:block_max)
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
-                        block_max = fmaxf(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
+                        block_max = max_float(block_max, probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)]);
                     }
-                    const float new_max = fmaxf(row_max, block_max);
+                    const float new_max = max_float(row_max, block_max);
                     const float rescale = expf(row_max - new_max);
                     #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {

@@ -57,6 +57,18 @@ def test_each_nest_carries_its_dnf_line_and_parallel_loop():
         assert "O[b, h, i, c] = sum[j < n](" in text
 
 
+def test_c_max_is_an_inline_comparison_and_cuda_keeps_fmax():
+    # fmax is a library call on x86: a block's max would not vectorize (it is one per score)
+    c = emit("attention_fwd", "online", "c")
+    assert "fmax(" not in c
+    for real in ("double", "float"):
+        helper = f"static inline {real} max_{real}({real} a, {real} b) {{ return a > b ? a : b; }}"
+        assert c.count(helper) == 1
+        assert re.search(rf"block_max_0 = max_{real}\(block_max_0, probs\[", c)
+    assert "fmax(" in emit("attention_fwd", "online", "cuda")
+    assert "max_double" not in emit("rmsnorm_fwd", "dnf", "c")
+
+
 def test_single_dtype_emission():
     text = emit("rmsnorm_fwd", "dnf", "c", ("float32",))
     assert "rmsnorm_fwd_dnf_f32" in text and "_f64" not in text

@@ -33,6 +33,10 @@ class CPrinter(Printer):
     index_printer = IndexPrinter()
     restrict = "restrict"
 
+    def __init__(self, onf, dtype):
+        super().__init__(onf, dtype)
+        self.helpers_used = set()  # (real type, "max" / "min") printed
+
     @property
     def real(self):
         return C_TYPE[self.dtype]
@@ -124,19 +128,35 @@ class CPrinter(Printer):
         return f"{value!r}{suffix}"
 
     def call(self, fn, *args):
-        name = {"max": "fmax", "min": "fmin"}.get(fn, fn)
-        if self.dtype == "float32":
-            name += "f"
+        if fn in ("max", "min"):
+            return self.max_or_min(fn, *args)
+        name = fn + "f" if self.dtype == "float32" else fn
         return f"{name}({', '.join(args)})"
+
+    def max_or_min(self, fn, a, b):
+        """max and min through the file's own inline helpers (INLINE_MAX), not fmax/fmin:
+        those are library calls on x86 unless NaNs are ruled out (-ffinite-math-only, which
+        would rule out the -INFINITY a running max starts from too), so a max reduction
+        would not vectorize. They differ from fmax/fmin only where an argument is NaN."""
+        helper = f"{fn}_{self.real}"
+        self.helpers_used.add((self.real, fn))
+        return f"{helper}({a}, {b})"
 
     def select(self, cond, then, other):
         return f"({cond} ? {then} : {other})"
 
 
 def emit_c(onfs_by_dtype, banner, printer=CPrinter):
-    functions = [f for dtype, onf in onfs_by_dtype for f in printer(onf, dtype).functions()]
+    printers = [printer(onf, dtype) for dtype, onf in onfs_by_dtype]
+    functions = [f for p in printers for f in p.functions()]
     vector_exp = [VECTOR_EXP[dtype] for dtype, onf in onfs_by_dtype if _calls_exp(onf)]
-    return render("c/kernel.c.j2", banner=banner, functions=functions, vector_exp=vector_exp)
+    helpers = sorted({h for p in printers for h in p.helpers_used})
+    return render("c/kernel.c.j2", banner=banner, functions=functions, vector_exp=vector_exp,
+                  max_helpers=[INLINE_MAX.format(real=real, fn=fn, op=">" if fn == "max" else "<")
+                               for real, fn in helpers])
+
+
+INLINE_MAX = "static inline {real} {fn}_{real}({real} a, {real} b) {{ return a {op} b ? a : b; }}"
 
 
 # glibc's math.h declares its vector versions (libmvec) only under -ffast-math

@@ -61,6 +61,10 @@ class CudaPrinter(CPrinter):
             return self.call("rsqrt", arg)
         return super().unary(fn, arg, node)
 
+    def max_or_min(self, fn, a, b):
+        name = "f" + fn + ("f" if self.dtype == "float32" else "")  # one instruction on a GPU
+        return f"{name}({a}, {b})"
+
 
 def emit_cuda(onfs_by_dtype, banner):
     launchers = []
