@@ -63,7 +63,8 @@ static void block_bwd_composed_f64_mlp_dH(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -306,7 +307,8 @@ static void block_bwd_composed_f64_mlp_V(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -549,7 +551,8 @@ static void block_bwd_composed_f64_mlp_dX(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -793,7 +796,8 @@ static void block_bwd_composed_f64_mlp_dWg(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -827,7 +831,7 @@ static void block_bwd_composed_f64_mlp_dWg(
 {
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -882,54 +886,54 @@ static void block_bwd_composed_f64_mlp_dWg(
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1034,7 +1038,8 @@ static void block_bwd_composed_f64_mlp_dWu(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -1068,7 +1073,7 @@ static void block_bwd_composed_f64_mlp_dWu(
 {
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -1123,54 +1128,54 @@ static void block_bwd_composed_f64_mlp_dWu(
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -1275,7 +1280,8 @@ static void block_bwd_composed_f64_mlp_dWd(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -1309,7 +1315,7 @@ static void block_bwd_composed_f64_mlp_dWd(
 {
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -1364,54 +1370,54 @@ static void block_bwd_composed_f64_mlp_dWd(
             double acc_5_7 = 0.0;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -1516,7 +1522,8 @@ static void block_bwd_composed_f64_out_dO(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -1759,7 +1766,8 @@ static void block_bwd_composed_f64_out_dWo(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -2002,7 +2010,8 @@ static void block_bwd_composed_f64_qkv_dX(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -2247,7 +2256,8 @@ static void block_bwd_composed_f64_qkv_dWq(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -2490,7 +2500,8 @@ static void block_bwd_composed_f64_qkv_dWk(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -2733,7 +2744,8 @@ static void block_bwd_composed_f64_qkv_dWv(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -2975,7 +2987,8 @@ void block_bwd_composed_f64(
     double *restrict mlp_WgT,
     double *restrict mlp_dV,
     double *restrict mlp_WuT,
-    double *restrict mlp_H,
+    double *restrict mlp_XT,
+    double *restrict mlp_HT,
     double *restrict mlp_WdT_panel,
     double *restrict mlp_Wu_panel,
     double *restrict mlp_WgT_panel,
@@ -3044,7 +3057,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dH.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
@@ -3075,7 +3088,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.V.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -3170,7 +3183,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dX.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -3189,9 +3202,22 @@ void block_bwd_composed_f64(
             }
         }
     }
+    /* mlp.XT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * XT[b, c, i] = (<b i c> psi X)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                mlp_XT[i + n*(b*dm + c)] = xn2[c + dm*(b*n + i)];
+            }
+        }
+    }
     /* mlp.dWg.pack_dU: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -3204,10 +3230,10 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWg.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -3217,7 +3243,7 @@ void block_bwd_composed_f64(
                 double xdu = 0.0;
                 #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                    xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
                 }
                 batch_g += xdu;
             }
@@ -3226,7 +3252,7 @@ void block_bwd_composed_f64(
     }
     /* mlp.dWu.pack_dV: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -3239,10 +3265,10 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWu.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -3252,29 +3278,29 @@ void block_bwd_composed_f64(
                 double xdv = 0.0;
                 #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                    xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
                 }
                 batch_u += xdv;
             }
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* mlp.H: from the DNF
+    /* mlp.HT: from the DNF
      * stage mlp: mlp_bwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+            for (int64_t i = 0; i < n; ++i) {
+                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
         }
     }
     /* mlp.dWd.pack_dF: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -3287,10 +3313,10 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWd.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -3300,7 +3326,7 @@ void block_bwd_composed_f64(
                 double hdf = 0.0;
                 #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                    hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
                 }
                 batch_d += hdf;
             }
@@ -3402,7 +3428,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dO.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -3437,7 +3463,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dWo.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -3694,7 +3720,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dX.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -3735,7 +3761,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWq.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -3774,7 +3800,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWk.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -3813,7 +3839,7 @@ void block_bwd_composed_f64(
             }
         }
     }
-    block_bwd_composed_f64_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f64_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWv.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))
@@ -3954,7 +3980,8 @@ static void block_bwd_composed_f32_mlp_dH(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -4197,7 +4224,8 @@ static void block_bwd_composed_f32_mlp_V(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -4440,7 +4468,8 @@ static void block_bwd_composed_f32_mlp_dX(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -4684,7 +4713,8 @@ static void block_bwd_composed_f32_mlp_dWg(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -4718,7 +4748,7 @@ static void block_bwd_composed_f32_mlp_dWg(
 {
     /* mlp.dWg: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -4773,54 +4803,54 @@ static void block_bwd_composed_f32_mlp_dWg(
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -4925,7 +4955,8 @@ static void block_bwd_composed_f32_mlp_dWu(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -4959,7 +4990,7 @@ static void block_bwd_composed_f32_mlp_dWu(
 {
     /* mlp.dWu: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -5014,54 +5045,54 @@ static void block_bwd_composed_f32_mlp_dWu(
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                    acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                    acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                    acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                    acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                    acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                    acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                    acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                    acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                    acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                    acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                    acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                    acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                    acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                    acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                    acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                    acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
                 }
             }
             dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -5166,7 +5197,8 @@ static void block_bwd_composed_f32_mlp_dWd(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -5200,7 +5232,7 @@ static void block_bwd_composed_f32_mlp_dWd(
 {
     /* mlp.dWd: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -5255,54 +5287,54 @@ static void block_bwd_composed_f32_mlp_dWd(
             float acc_5_7 = 0.0f;
             for (int64_t b = 0; b < batch; ++b) {
                 for (int64_t i = 0; i < n; ++i) {
-                    acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                    acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                    acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                    acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                    acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                    acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                    acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                    acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                    acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                    acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                    acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                    acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                    acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                    acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                    acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                    acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                    acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
                 }
             }
             dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -5407,7 +5439,8 @@ static void block_bwd_composed_f32_out_dO(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -5650,7 +5683,8 @@ static void block_bwd_composed_f32_out_dWo(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -5893,7 +5927,8 @@ static void block_bwd_composed_f32_qkv_dX(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -6138,7 +6173,8 @@ static void block_bwd_composed_f32_qkv_dWq(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -6381,7 +6417,8 @@ static void block_bwd_composed_f32_qkv_dWk(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -6624,7 +6661,8 @@ static void block_bwd_composed_f32_qkv_dWv(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -6866,7 +6904,8 @@ void block_bwd_composed_f32(
     float *restrict mlp_WgT,
     float *restrict mlp_dV,
     float *restrict mlp_WuT,
-    float *restrict mlp_H,
+    float *restrict mlp_XT,
+    float *restrict mlp_HT,
     float *restrict mlp_WdT_panel,
     float *restrict mlp_Wu_panel,
     float *restrict mlp_WgT_panel,
@@ -6935,7 +6974,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_dH(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dH.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * dH[b, i, e] = sum[c2 < dm]((<b i c2> psi dF) * (<c2 e> psi WdT))
@@ -6966,7 +7005,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_V(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.V.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * V[b, i, e] = sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
@@ -7061,7 +7100,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dX.edge: from the DNF
      * stage mlp: mlp_bwd tiled
      * dX[b, i, c] = sum[e2 < dff]((<b i e2> psi dU) * (<e2 c> psi WgT))
@@ -7080,9 +7119,22 @@ void block_bwd_composed_f32(
             }
         }
     }
+    /* mlp.XT: from the DNF
+     * stage mlp: mlp_bwd tiled
+     * XT[b, c, i] = (<b i c> psi X)
+     */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t c = 0; c < dm; ++c) {
+            #pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                mlp_XT[i + n*(b*dm + c)] = xn2[c + dm*(b*n + i)];
+            }
+        }
+    }
     /* mlp.dWg.pack_dU: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -7095,10 +7147,10 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_dWg(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWg.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+     * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -7108,7 +7160,7 @@ void block_bwd_composed_f32(
                 float xdu = 0.0f;
                 #pragma omp simd reduction(+:xdu)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                    xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
                 }
                 batch_g += xdu;
             }
@@ -7117,7 +7169,7 @@ void block_bwd_composed_f32(
     }
     /* mlp.dWu.pack_dV: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e_tile = 0; e_tile < ((dff) / 8); ++e_tile) {
@@ -7130,10 +7182,10 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_dWu(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWu.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+     * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c = 0; c < dm; ++c) {
@@ -7143,29 +7195,29 @@ void block_bwd_composed_f32(
                 float xdv = 0.0f;
                 #pragma omp simd reduction(+:xdv)
                 for (int64_t i = 0; i < n; ++i) {
-                    xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                    xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
                 }
                 batch_u += xdv;
             }
             dWu[c*dff + e] = batch_u;
         }
     }
-    /* mlp.H: from the DNF
+    /* mlp.HT: from the DNF
      * stage mlp: mlp_bwd tiled
-     * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+     * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t e = 0; e < dff; ++e) {
             #pragma omp simd
-            for (int64_t e = 0; e < dff; ++e) {
-                mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+            for (int64_t i = 0; i < n; ++i) {
+                mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
             }
         }
     }
     /* mlp.dWd.pack_dF: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t c_tile = 0; c_tile < ((dm) / 8); ++c_tile) {
@@ -7178,10 +7230,10 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_mlp_dWd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* mlp.dWd.edge: from the DNF
      * stage mlp: mlp_bwd tiled
-     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+     * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t e = 0; e < dff; ++e) {
@@ -7191,7 +7243,7 @@ void block_bwd_composed_f32(
                 float hdf = 0.0f;
                 #pragma omp simd reduction(+:hdf)
                 for (int64_t i = 0; i < n; ++i) {
-                    hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                    hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
                 }
                 batch_d += hdf;
             }
@@ -7293,7 +7345,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_out_dO(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dO.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dO[b, h, i, c] = sum[m2 < dm]((<b i m2> psi dY) * (<h m2 c> psi WoT))
@@ -7328,7 +7380,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_out_dWo(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* out.dWo.edge: from the DNF
      * stage out: out_proj_bwd tiled
      * dWo[h, c, m] = sum[b2 < batch](sum[i2 < n]((<b2 h i2 c> psi O) * (<b2 i2 m> psi dY)))
@@ -7585,7 +7637,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_qkv_dX(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dX.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dX[b, i, m] = sum[h2 < heads](sum[c2 < dh]((<b h2 i c2> psi dQ) * (<h2 c2 m> psi WqT)))
@@ -7626,7 +7678,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_qkv_dWq(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWq.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWq[m, h, c] = sum[b2 < batch](sum[i2 < n]((<b2 i2 m> psi X) * (<b2 h i2 c> psi dQ)))
@@ -7665,7 +7717,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_qkv_dWk(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWk.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWk[m, h, c] = sum[b3 < batch](sum[i3 < n]((<b3 i3 m> psi X) * (<b3 h i3 c> psi dK)))
@@ -7704,7 +7756,7 @@ void block_bwd_composed_f32(
             }
         }
     }
-    block_bwd_composed_f32_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+    block_bwd_composed_f32_qkv_dWv(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
     /* qkv.dWv.edge: from the DNF
      * stage qkv: qkv_proj_bwd tiled
      * dWv[m, h, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 m> psi X) * (<b4 h i4 c> psi dV)))

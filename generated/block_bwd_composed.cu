@@ -60,7 +60,8 @@ __global__ void block_bwd_composed_f64_norm2_apply_z(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -154,7 +155,8 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -247,7 +249,8 @@ __global__ void block_bwd_composed_f64_mlp_dH_pack_WdT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -342,7 +345,8 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -583,7 +587,8 @@ __global__ void block_bwd_composed_f64_mlp_dH_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -681,7 +686,8 @@ __global__ void block_bwd_composed_f64_mlp_V_pack_Wu(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -776,7 +782,8 @@ __global__ void block_bwd_composed_f64_mlp_V(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1017,7 +1024,8 @@ __global__ void block_bwd_composed_f64_mlp_V_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1115,7 +1123,8 @@ __global__ void block_bwd_composed_f64_mlp_dU(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1210,7 +1219,8 @@ __global__ void block_bwd_composed_f64_mlp_WgT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1303,7 +1313,8 @@ __global__ void block_bwd_composed_f64_mlp_dV(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1397,7 +1408,8 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1491,7 +1503,8 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WgT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1587,7 +1600,8 @@ __global__ void block_bwd_composed_f64_mlp_dX_pack_WuT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1683,7 +1697,8 @@ __global__ void block_bwd_composed_f64_mlp_dX(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1925,7 +1940,8 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -1970,9 +1986,104 @@ __global__ void block_bwd_composed_f64_mlp_dX_edge(
     }
 }
 
+/* mlp.XT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * XT[b, c, i] = (<b i c> psi X)
+ */
+__global__ void block_bwd_composed_f64_mlp_XT(
+    const double *__restrict__ x,
+    const double *__restrict__ norm1,
+    const double *__restrict__ Wq,
+    const double *__restrict__ Wk,
+    const double *__restrict__ Wv,
+    const double *__restrict__ Wo,
+    const double *__restrict__ norm2,
+    const double *__restrict__ Wg,
+    const double *__restrict__ Wu,
+    const double *__restrict__ Wd,
+    const double *__restrict__ inv_rms1,
+    const double *__restrict__ Q,
+    const double *__restrict__ K,
+    const double *__restrict__ V,
+    const double *__restrict__ attn,
+    const double *__restrict__ lse,
+    const double *__restrict__ resid,
+    const double *__restrict__ inv_rms2,
+    const double *__restrict__ U,
+    const double *__restrict__ dy,
+    double *__restrict__ dx,
+    double *__restrict__ dnorm1,
+    double *__restrict__ dWq,
+    double *__restrict__ dWk,
+    double *__restrict__ dWv,
+    double *__restrict__ dWo,
+    double *__restrict__ dnorm2,
+    double *__restrict__ dWg,
+    double *__restrict__ dWu,
+    double *__restrict__ dWd,
+    double *__restrict__ xn2,
+    double *__restrict__ dxn2,
+    double *__restrict__ dresid_norm,
+    double *__restrict__ dresid,
+    double *__restrict__ dattn,
+    double *__restrict__ dQ,
+    double *__restrict__ dK,
+    double *__restrict__ dV,
+    double *__restrict__ xn1,
+    double *__restrict__ dxn1,
+    double *__restrict__ dx_norm,
+    double *__restrict__ mlp_WdT,
+    double *__restrict__ mlp_dH,
+    double *__restrict__ mlp_V,
+    double *__restrict__ mlp_dU,
+    double *__restrict__ mlp_WgT,
+    double *__restrict__ mlp_dV,
+    double *__restrict__ mlp_WuT,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
+    double *__restrict__ mlp_WdT_panel,
+    double *__restrict__ mlp_Wu_panel,
+    double *__restrict__ mlp_WgT_panel,
+    double *__restrict__ mlp_WuT_panel,
+    double *__restrict__ mlp_dU_panel,
+    double *__restrict__ mlp_dV_panel,
+    double *__restrict__ mlp_dF_panel,
+    double *__restrict__ norm2_dweight_part,
+    double *__restrict__ out_WoT,
+    double *__restrict__ out_WoT_panel,
+    double *__restrict__ out_dY_panel,
+    double *__restrict__ attn_delta,
+    double *__restrict__ qkv_WqT,
+    double *__restrict__ qkv_WkT,
+    double *__restrict__ qkv_WvT,
+    double *__restrict__ qkv_WqT_panel,
+    double *__restrict__ qkv_WkT_panel,
+    double *__restrict__ qkv_WvT_panel,
+    double *__restrict__ qkv_dQ_panel,
+    double *__restrict__ qkv_dK_panel,
+    double *__restrict__ qkv_dV_panel,
+    double *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    double scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*dm) return;
+    const int64_t c = tid % dm;
+    const int64_t b = (tid / dm);
+    for (int64_t i = 0; i < n; ++i) {
+        mlp_XT[i + n*(b*dm + c)] = xn2[c + dm*(b*n + i)];
+    }
+}
+
 /* mlp.dWg.pack_dU: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     const double *__restrict__ x,
@@ -2023,7 +2134,8 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2069,7 +2181,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_pack_dU(
 
 /* mlp.dWg: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWg(
     const double *__restrict__ x,
@@ -2120,7 +2232,8 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2206,54 +2319,54 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2309,7 +2422,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
 
 /* mlp.dWg.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     const double *__restrict__ x,
@@ -2360,7 +2473,8 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2400,7 +2514,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double xdu = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
             }
             batch_g += xdu;
         }
@@ -2410,7 +2524,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg_edge(
 
 /* mlp.dWu.pack_dV: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     const double *__restrict__ x,
@@ -2461,7 +2575,8 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2507,7 +2622,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_pack_dV(
 
 /* mlp.dWu: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWu(
     const double *__restrict__ x,
@@ -2558,7 +2673,8 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2644,54 +2760,54 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -2747,7 +2863,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu(
 
 /* mlp.dWu.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     const double *__restrict__ x,
@@ -2798,7 +2914,8 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2838,7 +2955,7 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double xdv = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
             }
             batch_u += xdv;
         }
@@ -2846,11 +2963,11 @@ __global__ void block_bwd_composed_f64_mlp_dWu_edge(
     }
 }
 
-/* mlp.H: from the DNF
+/* mlp.HT: from the DNF
  * stage mlp: mlp_bwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
  */
-__global__ void block_bwd_composed_f64_mlp_H(
+__global__ void block_bwd_composed_f64_mlp_HT(
     const double *__restrict__ x,
     const double *__restrict__ norm1,
     const double *__restrict__ Wq,
@@ -2899,7 +3016,8 @@ __global__ void block_bwd_composed_f64_mlp_H(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -2932,17 +3050,17 @@ __global__ void block_bwd_composed_f64_mlp_H(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    for (int64_t e = 0; e < dff; ++e) {
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+    if (tid >= batch*dff) return;
+    const int64_t e = tid % dff;
+    const int64_t b = (tid / dff);
+    for (int64_t i = 0; i < n; ++i) {
+        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0 + exp(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
     }
 }
 
 /* mlp.dWd.pack_dF: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     const double *__restrict__ x,
@@ -2993,7 +3111,8 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3039,7 +3158,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_pack_dF(
 
 /* mlp.dWd: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWd(
     const double *__restrict__ x,
@@ -3090,7 +3209,8 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3176,54 +3296,54 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
         double acc_5_7 = 0.0;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -3279,7 +3399,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd(
 
 /* mlp.dWd.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     const double *__restrict__ x,
@@ -3330,7 +3450,8 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3370,7 +3491,7 @@ __global__ void block_bwd_composed_f64_mlp_dWd_edge(
         for (int64_t b = 0; b < batch; ++b) {
             double hdf = 0.0;
             for (int64_t i = 0; i < n; ++i) {
-                hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
             }
             batch_d += hdf;
         }
@@ -3442,7 +3563,8 @@ __global__ void block_bwd_composed_f64_norm2_dweight_partial(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3553,7 +3675,8 @@ __global__ void block_bwd_composed_f64_norm2_dweight(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3649,7 +3772,8 @@ __global__ void block_bwd_composed_f64_add2_y(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3743,7 +3867,8 @@ __global__ void block_bwd_composed_f64_out_WoT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3838,7 +3963,8 @@ __global__ void block_bwd_composed_f64_out_dO_pack_WoT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -3935,7 +4061,8 @@ __global__ void block_bwd_composed_f64_out_dO(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4175,7 +4302,8 @@ __global__ void block_bwd_composed_f64_out_dO_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4274,7 +4402,8 @@ __global__ void block_bwd_composed_f64_out_dWo_pack_dY(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4371,7 +4500,8 @@ __global__ void block_bwd_composed_f64_out_dWo(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4612,7 +4742,8 @@ __global__ void block_bwd_composed_f64_out_dWo_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4714,7 +4845,8 @@ __global__ void block_bwd_composed_f64_attn_delta(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4820,7 +4952,8 @@ __global__ void block_bwd_composed_f64_attn_dQ(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -4938,7 +5071,8 @@ __global__ void block_bwd_composed_f64_attn_dK(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5053,7 +5187,8 @@ __global__ void block_bwd_composed_f64_attn_dV(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5158,7 +5293,8 @@ __global__ void block_bwd_composed_f64_norm1_apply_z(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5252,7 +5388,8 @@ __global__ void block_bwd_composed_f64_qkv_WqT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5347,7 +5484,8 @@ __global__ void block_bwd_composed_f64_qkv_WkT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5442,7 +5580,8 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5539,7 +5678,8 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WqT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5638,7 +5778,8 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WkT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5737,7 +5878,8 @@ __global__ void block_bwd_composed_f64_qkv_dX_pack_WvT(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -5836,7 +5978,8 @@ __global__ void block_bwd_composed_f64_qkv_dX(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6079,7 +6222,8 @@ __global__ void block_bwd_composed_f64_qkv_dX_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6181,7 +6325,8 @@ __global__ void block_bwd_composed_f64_qkv_dWq_pack_dQ(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6280,7 +6425,8 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6521,7 +6667,8 @@ __global__ void block_bwd_composed_f64_qkv_dWq_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6623,7 +6770,8 @@ __global__ void block_bwd_composed_f64_qkv_dWk_pack_dK(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6722,7 +6870,8 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -6963,7 +7112,8 @@ __global__ void block_bwd_composed_f64_qkv_dWk_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7065,7 +7215,8 @@ __global__ void block_bwd_composed_f64_qkv_dWv_pack_dV(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7164,7 +7315,8 @@ __global__ void block_bwd_composed_f64_qkv_dWv(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7405,7 +7557,8 @@ __global__ void block_bwd_composed_f64_qkv_dWv_edge(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7518,7 +7671,8 @@ __global__ void block_bwd_composed_f64_norm1_dweight_partial(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7629,7 +7783,8 @@ __global__ void block_bwd_composed_f64_norm1_dweight(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7725,7 +7880,8 @@ __global__ void block_bwd_composed_f64_add1_y(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7817,7 +7973,8 @@ extern "C" int block_bwd_composed_f64(
     double *__restrict__ mlp_WgT,
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_WuT,
-    double *__restrict__ mlp_H,
+    double *__restrict__ mlp_XT,
+    double *__restrict__ mlp_HT,
     double *__restrict__ mlp_WdT_panel,
     double *__restrict__ mlp_Wu_panel,
     double *__restrict__ mlp_WgT_panel,
@@ -7853,427 +8010,434 @@ extern "C" int block_bwd_composed_f64(
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f64_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*dm;
+        block_bwd_composed_f64_mlp_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f64_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f64_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
-        block_bwd_composed_f64_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const int64_t count = batch*dff;
+        block_bwd_composed_f64_mlp_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f64_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f64_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f64_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_bwd_composed_f64_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dm) / 8);
         block_bwd_composed_f64_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dh*heads;
         block_bwd_composed_f64_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f64_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f64_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_bwd_composed_f64_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f64_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f64_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f64_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f64_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f64_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f64_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
@@ -8333,7 +8497,8 @@ __global__ void block_bwd_composed_f32_norm2_apply_z(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -8427,7 +8592,8 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -8520,7 +8686,8 @@ __global__ void block_bwd_composed_f32_mlp_dH_pack_WdT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -8615,7 +8782,8 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -8856,7 +9024,8 @@ __global__ void block_bwd_composed_f32_mlp_dH_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -8954,7 +9123,8 @@ __global__ void block_bwd_composed_f32_mlp_V_pack_Wu(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9049,7 +9219,8 @@ __global__ void block_bwd_composed_f32_mlp_V(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9290,7 +9461,8 @@ __global__ void block_bwd_composed_f32_mlp_V_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9388,7 +9560,8 @@ __global__ void block_bwd_composed_f32_mlp_dU(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9483,7 +9656,8 @@ __global__ void block_bwd_composed_f32_mlp_WgT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9576,7 +9750,8 @@ __global__ void block_bwd_composed_f32_mlp_dV(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9670,7 +9845,8 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9764,7 +9940,8 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WgT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9860,7 +10037,8 @@ __global__ void block_bwd_composed_f32_mlp_dX_pack_WuT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -9956,7 +10134,8 @@ __global__ void block_bwd_composed_f32_mlp_dX(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10198,7 +10377,8 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10243,9 +10423,104 @@ __global__ void block_bwd_composed_f32_mlp_dX_edge(
     }
 }
 
+/* mlp.XT: from the DNF
+ * stage mlp: mlp_bwd tiled
+ * XT[b, c, i] = (<b i c> psi X)
+ */
+__global__ void block_bwd_composed_f32_mlp_XT(
+    const float *__restrict__ x,
+    const float *__restrict__ norm1,
+    const float *__restrict__ Wq,
+    const float *__restrict__ Wk,
+    const float *__restrict__ Wv,
+    const float *__restrict__ Wo,
+    const float *__restrict__ norm2,
+    const float *__restrict__ Wg,
+    const float *__restrict__ Wu,
+    const float *__restrict__ Wd,
+    const float *__restrict__ inv_rms1,
+    const float *__restrict__ Q,
+    const float *__restrict__ K,
+    const float *__restrict__ V,
+    const float *__restrict__ attn,
+    const float *__restrict__ lse,
+    const float *__restrict__ resid,
+    const float *__restrict__ inv_rms2,
+    const float *__restrict__ U,
+    const float *__restrict__ dy,
+    float *__restrict__ dx,
+    float *__restrict__ dnorm1,
+    float *__restrict__ dWq,
+    float *__restrict__ dWk,
+    float *__restrict__ dWv,
+    float *__restrict__ dWo,
+    float *__restrict__ dnorm2,
+    float *__restrict__ dWg,
+    float *__restrict__ dWu,
+    float *__restrict__ dWd,
+    float *__restrict__ xn2,
+    float *__restrict__ dxn2,
+    float *__restrict__ dresid_norm,
+    float *__restrict__ dresid,
+    float *__restrict__ dattn,
+    float *__restrict__ dQ,
+    float *__restrict__ dK,
+    float *__restrict__ dV,
+    float *__restrict__ xn1,
+    float *__restrict__ dxn1,
+    float *__restrict__ dx_norm,
+    float *__restrict__ mlp_WdT,
+    float *__restrict__ mlp_dH,
+    float *__restrict__ mlp_V,
+    float *__restrict__ mlp_dU,
+    float *__restrict__ mlp_WgT,
+    float *__restrict__ mlp_dV,
+    float *__restrict__ mlp_WuT,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
+    float *__restrict__ mlp_WdT_panel,
+    float *__restrict__ mlp_Wu_panel,
+    float *__restrict__ mlp_WgT_panel,
+    float *__restrict__ mlp_WuT_panel,
+    float *__restrict__ mlp_dU_panel,
+    float *__restrict__ mlp_dV_panel,
+    float *__restrict__ mlp_dF_panel,
+    float *__restrict__ norm2_dweight_part,
+    float *__restrict__ out_WoT,
+    float *__restrict__ out_WoT_panel,
+    float *__restrict__ out_dY_panel,
+    float *__restrict__ attn_delta,
+    float *__restrict__ qkv_WqT,
+    float *__restrict__ qkv_WkT,
+    float *__restrict__ qkv_WvT,
+    float *__restrict__ qkv_WqT_panel,
+    float *__restrict__ qkv_WkT_panel,
+    float *__restrict__ qkv_WvT_panel,
+    float *__restrict__ qkv_dQ_panel,
+    float *__restrict__ qkv_dK_panel,
+    float *__restrict__ qkv_dV_panel,
+    float *__restrict__ norm1_dweight_part,
+    int64_t batch,
+    int64_t n,
+    int64_t dm,
+    int64_t heads,
+    int64_t dh,
+    int64_t dff,
+    float scale
+)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tid >= batch*dm) return;
+    const int64_t c = tid % dm;
+    const int64_t b = (tid / dm);
+    for (int64_t i = 0; i < n; ++i) {
+        mlp_XT[i + n*(b*dm + c)] = xn2[c + dm*(b*n + i)];
+    }
+}
+
 /* mlp.dWg.pack_dU: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     const float *__restrict__ x,
@@ -10296,7 +10571,8 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10342,7 +10618,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_pack_dU(
 
 /* mlp.dWg: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWg(
     const float *__restrict__ x,
@@ -10393,7 +10669,8 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10479,54 +10756,54 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dU_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWg[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -10582,7 +10859,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
 
 /* mlp.dWg.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+ * dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     const float *__restrict__ x,
@@ -10633,7 +10910,8 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10673,7 +10951,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float xdu = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdu += xn2[c + dm*(b*n + i)] * mlp_dU[dff*(b*n + i) + e];
+                xdu += mlp_XT[i + n*(b*dm + c)] * mlp_dU[dff*(b*n + i) + e];
             }
             batch_g += xdu;
         }
@@ -10683,7 +10961,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg_edge(
 
 /* mlp.dWu.pack_dV: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     const float *__restrict__ x,
@@ -10734,7 +11012,8 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10780,7 +11059,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_pack_dV(
 
 /* mlp.dWu: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWu(
     const float *__restrict__ x,
@@ -10831,7 +11110,8 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -10917,54 +11197,54 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_0_1 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_0_2 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_0_3 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_0_4 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_0_5 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_0_6 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_0_7 += xn2[dm*(b*n + i) + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_1_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_1_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_1_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_1_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_1_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_1_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_1_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_1_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_2_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_2_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_2_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_2_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_2_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_2_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_2_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_2_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_3_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_3_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_3_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_3_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_3_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_3_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_3_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_3_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_4_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_4_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_4_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_4_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_4_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_4_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_4_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_4_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
-                acc_5_0 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
-                acc_5_1 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
-                acc_5_2 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
-                acc_5_3 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
-                acc_5_4 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
-                acc_5_5 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
-                acc_5_6 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
-                acc_5_7 += xn2[dm*(b*n + i) + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5)] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_0_0 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_0_1 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_0_2 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_0_3 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_0_4 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_0_5 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_0_6 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_0_7 += mlp_XT[i + n*(b*dm + (6*c_tile < dm - 1 ? 6*c_tile : dm - 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_1_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_1_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_1_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_1_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_1_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_1_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_1_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_1_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 1 ? dm - 1 : 6*c_tile + 1))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_2_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_2_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_2_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_2_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_2_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_2_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_2_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_2_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 2 ? dm - 1 : 6*c_tile + 2))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_3_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_3_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_3_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_3_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_3_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_3_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_3_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_3_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 3 ? dm - 1 : 6*c_tile + 3))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_4_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_4_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_4_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_4_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_4_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_4_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_4_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_4_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 4 ? dm - 1 : 6*c_tile + 4))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
+                acc_5_0 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile)];
+                acc_5_1 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 1];
+                acc_5_2 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 2];
+                acc_5_3 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 3];
+                acc_5_4 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 4];
+                acc_5_5 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 5];
+                acc_5_6 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 6];
+                acc_5_7 += mlp_XT[i + n*(b*dm + (dm - 1 < 6*c_tile + 5 ? dm - 1 : 6*c_tile + 5))] * mlp_dV_panel[8*i + 8*n*(b + batch*e_tile) + 7];
             }
         }
         dWu[dff*(6*c_tile < dm - 1 ? 6*c_tile : dm - 1) + 8*e_tile] = acc_0_0;
@@ -11020,7 +11300,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu(
 
 /* mlp.dWu.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+ * dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     const float *__restrict__ x,
@@ -11071,7 +11351,8 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11111,7 +11392,7 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float xdv = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                xdv += xn2[c + dm*(b*n + i)] * mlp_dV[dff*(b*n + i) + e];
+                xdv += mlp_XT[i + n*(b*dm + c)] * mlp_dV[dff*(b*n + i) + e];
             }
             batch_u += xdv;
         }
@@ -11119,11 +11400,11 @@ __global__ void block_bwd_composed_f32_mlp_dWu_edge(
     }
 }
 
-/* mlp.H: from the DNF
+/* mlp.HT: from the DNF
  * stage mlp: mlp_bwd tiled
- * H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
+ * HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
  */
-__global__ void block_bwd_composed_f32_mlp_H(
+__global__ void block_bwd_composed_f32_mlp_HT(
     const float *__restrict__ x,
     const float *__restrict__ norm1,
     const float *__restrict__ Wq,
@@ -11172,7 +11453,8 @@ __global__ void block_bwd_composed_f32_mlp_H(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11205,17 +11487,17 @@ __global__ void block_bwd_composed_f32_mlp_H(
 )
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tid >= batch*n) return;
-    const int64_t i = tid % n;
-    const int64_t b = (tid / n);
-    for (int64_t e = 0; e < dff; ++e) {
-        mlp_H[dff*(b*n + i) + e] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
+    if (tid >= batch*dff) return;
+    const int64_t e = tid % dff;
+    const int64_t b = (tid / dff);
+    for (int64_t i = 0; i < n; ++i) {
+        mlp_HT[i + n*(b*dff + e)] = U[dff*(b*n + i) + e] / (1.0f + expf(-U[dff*(b*n + i) + e])) * mlp_V[dff*(b*n + i) + e];
     }
 }
 
 /* mlp.dWd.pack_dF: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     const float *__restrict__ x,
@@ -11266,7 +11548,8 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11312,7 +11595,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_pack_dF(
 
 /* mlp.dWd: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWd(
     const float *__restrict__ x,
@@ -11363,7 +11646,8 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11449,54 +11733,54 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
         float acc_5_7 = 0.0f;
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t i = 0; i < n; ++i) {
-                acc_0_0 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_0_1 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_0_2 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_0_3 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_0_4 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_0_5 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_0_6 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_0_7 += mlp_H[dff*(b*n + i) + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_1_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_1_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_1_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_1_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_1_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_1_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_1_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_1_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_2_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_2_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_2_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_2_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_2_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_2_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_2_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_2_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_3_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_3_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_3_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_3_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_3_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_3_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_3_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_3_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_4_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_4_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_4_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_4_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_4_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_4_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_4_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_4_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
-                acc_5_0 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
-                acc_5_1 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
-                acc_5_2 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
-                acc_5_3 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
-                acc_5_4 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
-                acc_5_5 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
-                acc_5_6 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
-                acc_5_7 += mlp_H[dff*(b*n + i) + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5)] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_0_0 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_0_1 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_0_2 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_0_3 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_0_4 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_0_5 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_0_6 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_0_7 += mlp_HT[i + n*(b*dff + (6*e_tile < dff - 1 ? 6*e_tile : dff - 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_1_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_1_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_1_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_1_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_1_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_1_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_1_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_1_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 1 ? dff - 1 : 6*e_tile + 1))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_2_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_2_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_2_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_2_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_2_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_2_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_2_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_2_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 2 ? dff - 1 : 6*e_tile + 2))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_3_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_3_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_3_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_3_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_3_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_3_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_3_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_3_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 3 ? dff - 1 : 6*e_tile + 3))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_4_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_4_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_4_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_4_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_4_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_4_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_4_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_4_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 4 ? dff - 1 : 6*e_tile + 4))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
+                acc_5_0 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile)];
+                acc_5_1 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 1];
+                acc_5_2 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 2];
+                acc_5_3 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 3];
+                acc_5_4 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 4];
+                acc_5_5 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 5];
+                acc_5_6 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 6];
+                acc_5_7 += mlp_HT[i + n*(b*dff + (dff - 1 < 6*e_tile + 5 ? dff - 1 : 6*e_tile + 5))] * mlp_dF_panel[8*i + 8*n*(b + batch*c_tile) + 7];
             }
         }
         dWd[8*c_tile + dm*(6*e_tile < dff - 1 ? 6*e_tile : dff - 1)] = acc_0_0;
@@ -11552,7 +11836,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd(
 
 /* mlp.dWd.edge: from the DNF
  * stage mlp: mlp_bwd tiled
- * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+ * dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
  */
 __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     const float *__restrict__ x,
@@ -11603,7 +11887,8 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11643,7 +11928,7 @@ __global__ void block_bwd_composed_f32_mlp_dWd_edge(
         for (int64_t b = 0; b < batch; ++b) {
             float hdf = 0.0f;
             for (int64_t i = 0; i < n; ++i) {
-                hdf += mlp_H[dff*(b*n + i) + e] * dy[c + dm*(b*n + i)];
+                hdf += mlp_HT[i + n*(b*dff + e)] * dy[c + dm*(b*n + i)];
             }
             batch_d += hdf;
         }
@@ -11715,7 +12000,8 @@ __global__ void block_bwd_composed_f32_norm2_dweight_partial(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11826,7 +12112,8 @@ __global__ void block_bwd_composed_f32_norm2_dweight(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -11922,7 +12209,8 @@ __global__ void block_bwd_composed_f32_add2_y(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12016,7 +12304,8 @@ __global__ void block_bwd_composed_f32_out_WoT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12111,7 +12400,8 @@ __global__ void block_bwd_composed_f32_out_dO_pack_WoT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12208,7 +12498,8 @@ __global__ void block_bwd_composed_f32_out_dO(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12448,7 +12739,8 @@ __global__ void block_bwd_composed_f32_out_dO_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12547,7 +12839,8 @@ __global__ void block_bwd_composed_f32_out_dWo_pack_dY(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12644,7 +12937,8 @@ __global__ void block_bwd_composed_f32_out_dWo(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12885,7 +13179,8 @@ __global__ void block_bwd_composed_f32_out_dWo_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -12987,7 +13282,8 @@ __global__ void block_bwd_composed_f32_attn_delta(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13093,7 +13389,8 @@ __global__ void block_bwd_composed_f32_attn_dQ(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13211,7 +13508,8 @@ __global__ void block_bwd_composed_f32_attn_dK(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13326,7 +13624,8 @@ __global__ void block_bwd_composed_f32_attn_dV(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13431,7 +13730,8 @@ __global__ void block_bwd_composed_f32_norm1_apply_z(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13525,7 +13825,8 @@ __global__ void block_bwd_composed_f32_qkv_WqT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13620,7 +13921,8 @@ __global__ void block_bwd_composed_f32_qkv_WkT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13715,7 +14017,8 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13812,7 +14115,8 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WqT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -13911,7 +14215,8 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WkT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14010,7 +14315,8 @@ __global__ void block_bwd_composed_f32_qkv_dX_pack_WvT(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14109,7 +14415,8 @@ __global__ void block_bwd_composed_f32_qkv_dX(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14352,7 +14659,8 @@ __global__ void block_bwd_composed_f32_qkv_dX_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14454,7 +14762,8 @@ __global__ void block_bwd_composed_f32_qkv_dWq_pack_dQ(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14553,7 +14862,8 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14794,7 +15104,8 @@ __global__ void block_bwd_composed_f32_qkv_dWq_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14896,7 +15207,8 @@ __global__ void block_bwd_composed_f32_qkv_dWk_pack_dK(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -14995,7 +15307,8 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15236,7 +15549,8 @@ __global__ void block_bwd_composed_f32_qkv_dWk_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15338,7 +15652,8 @@ __global__ void block_bwd_composed_f32_qkv_dWv_pack_dV(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15437,7 +15752,8 @@ __global__ void block_bwd_composed_f32_qkv_dWv(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15678,7 +15994,8 @@ __global__ void block_bwd_composed_f32_qkv_dWv_edge(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15791,7 +16108,8 @@ __global__ void block_bwd_composed_f32_norm1_dweight_partial(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15902,7 +16220,8 @@ __global__ void block_bwd_composed_f32_norm1_dweight(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -15998,7 +16317,8 @@ __global__ void block_bwd_composed_f32_add1_y(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -16090,7 +16410,8 @@ extern "C" int block_bwd_composed_f32(
     float *__restrict__ mlp_WgT,
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_WuT,
-    float *__restrict__ mlp_H,
+    float *__restrict__ mlp_XT,
+    float *__restrict__ mlp_HT,
     float *__restrict__ mlp_WdT_panel,
     float *__restrict__ mlp_Wu_panel,
     float *__restrict__ mlp_WgT_panel,
@@ -16126,427 +16447,434 @@ extern "C" int block_bwd_composed_f32(
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm2_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dH_pack_WdT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_dH<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dH_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_V_pack_Wu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_V<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_V_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_mlp_dX_pack_WgT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_mlp_dX_pack_WuT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((((n + 5) / 6) + 15) / 16);
         block_bwd_composed_f32_mlp_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_mlp_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    {
+        const int64_t count = batch*dm;
+        block_bwd_composed_f32_mlp_XT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWg_pack_dU<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWg<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_dWg_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWu_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dff) / 8);
         block_bwd_composed_f32_mlp_dWu<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm;
         block_bwd_composed_f32_mlp_dWu_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
-        const int64_t count = batch*n;
-        block_bwd_composed_f32_mlp_H<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+        const int64_t count = batch*dff;
+        block_bwd_composed_f32_mlp_HT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_mlp_dWd_pack_dF<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_mlp_dWd<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dff;
         block_bwd_composed_f32_mlp_dWd_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f32_norm2_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f32_norm2_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_add2_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_out_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_out_dO_pack_WoT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*((dh) / 8);
         block_bwd_composed_f32_out_dO<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_out_dO_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_out_dWo_pack_dY<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dm) / 8);
         block_bwd_composed_f32_out_dWo<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dh*heads;
         block_bwd_composed_f32_out_dWo_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_delta<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*heads*n;
         block_bwd_composed_f32_attn_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_norm1_apply_z<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_qkv_dX_pack_WqT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_qkv_dX_pack_WkT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = ((dm) / 8);
         block_bwd_composed_f32_qkv_dX_pack_WvT<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*((dm) / 8);
         block_bwd_composed_f32_qkv_dX<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_qkv_dX_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_dWq_pack_dQ<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWq<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWq_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_dWk_pack_dK<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWk<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWk_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads;
         block_bwd_composed_f32_qkv_dWv_pack_dV<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = heads*((dh) / 8);
         block_bwd_composed_f32_qkv_dWv<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = dm*heads;
         block_bwd_composed_f32_qkv_dWv_edge<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 16;
         block_bwd_composed_f32_norm1_dweight_partial<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = 1;
         block_bwd_composed_f32_norm1_dweight<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }
     {
         const int64_t count = batch*n;
         block_bwd_composed_f32_add1_y<<<(unsigned int)((count + threads - 1) / threads), (unsigned int)threads>>>(
-            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
+            x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return (int)err;
     }

@@ -11,8 +11,8 @@ contains
   subroutine block_bwd_composed_f64(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
       & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, &
-      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, &
+      & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, &
       & qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, &
       & qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
@@ -67,7 +67,8 @@ contains
     real(c_double), intent(out) :: mlp_WgT(0:dff * dm - 1)
     real(c_double), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_double), intent(out) :: mlp_WuT(0:dff * dm - 1)
-    real(c_double), intent(out) :: mlp_H(0:batch * n * dff - 1)
+    real(c_double), intent(out) :: mlp_XT(0:batch * dm * n - 1)
+    real(c_double), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_double), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
@@ -970,9 +971,22 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.XT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! XT[b, c, i] = (<b i c> psi X)
+    !$omp parallel do collapse(2) schedule(static) private(i)
+    do b = 0, batch - 1
+      do c = 0, dm - 1
+        !$omp simd
+        do i = 0, n - 1
+          mlp_XT(i + n*(b*dm + c)) = xn2(c + dm*(b*n + i))
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWg.pack_dU: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
@@ -988,7 +1002,7 @@ contains
     !$omp end parallel do
     ! mlp.dWg: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1049,102 +1063,102 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1200,7 +1214,7 @@ contains
     !$omp end parallel do
     ! mlp.dWg.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1209,7 +1223,7 @@ contains
           xdu = 0.0_c_double
           !$omp simd reduction(+:xdu)
           do i = 0, n - 1
-            xdu = xdu + xn2(c + dm*(b*n + i)) * mlp_dU(dff*(b*n + i) + e)
+            xdu = xdu + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
           end do
           batch_g = batch_g + xdu
         end do
@@ -1219,7 +1233,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu.pack_dV: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
@@ -1235,7 +1249,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1296,102 +1310,102 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -1447,7 +1461,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -1456,7 +1470,7 @@ contains
           xdv = 0.0_c_double
           !$omp simd reduction(+:xdv)
           do i = 0, n - 1
-            xdv = xdv + xn2(c + dm*(b*n + i)) * mlp_dV(dff*(b*n + i) + e)
+            xdv = xdv + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
           end do
           batch_u = batch_u + xdv
         end do
@@ -1464,15 +1478,15 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: from the DNF
+    ! mlp.HT: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
-      do i = 0, n - 1
+      do e = 0, dff - 1
         !$omp simd
-        do e = 0, dff - 1
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
+        do i = 0, n - 1
+          mlp_HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) / (1.0_c_double + exp(-U(dff*(b*n + i) &
               & + e))) * mlp_V(dff*(b*n + i) + e)
         end do
       end do
@@ -1480,7 +1494,7 @@ contains
     !$omp end parallel do
     ! mlp.dWd.pack_dF: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
@@ -1495,7 +1509,7 @@ contains
     !$omp end parallel do
     ! mlp.dWd: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -1556,101 +1570,101 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_0 = acc_0_0 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_1 = acc_0_1 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_2 = acc_0_2 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_3 = acc_0_3 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_4 = acc_0_4 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_5 = acc_0_5 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_6 = acc_0_6 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_7 = acc_0_7 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_0 = acc_1_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_1 = acc_1_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_2 = acc_1_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_3 = acc_1_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_4 = acc_1_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_5 = acc_1_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_6 = acc_1_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_7 = acc_1_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_0 = acc_2_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_1 = acc_2_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_2 = acc_2_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_3 = acc_2_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_4 = acc_2_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_5 = acc_2_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_6 = acc_2_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_7 = acc_2_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_0 = acc_3_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_1 = acc_3_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_2 = acc_3_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_3 = acc_3_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_4 = acc_3_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_5 = acc_3_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_6 = acc_3_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_7 = acc_3_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_0 = acc_4_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_1 = acc_4_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_2 = acc_4_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_3 = acc_4_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_4 = acc_4_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_5 = acc_4_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_6 = acc_4_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_7 = acc_4_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_0 = acc_5_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_1 = acc_5_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_2 = acc_5_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_3 = acc_5_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_4 = acc_5_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_5 = acc_5_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_6 = acc_5_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_7 = acc_5_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
@@ -1707,7 +1721,7 @@ contains
     !$omp end parallel do
     ! mlp.dWd.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
@@ -1716,7 +1730,7 @@ contains
           hdf = 0.0_c_double
           !$omp simd reduction(+:hdf)
           do i = 0, n - 1
-            hdf = hdf + mlp_H(dff*(b*n + i) + e) * dy(c + dm*(b*n + i))
+            hdf = hdf + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
           end do
           batch_d = batch_d + hdf
         end do
@@ -3764,8 +3778,8 @@ contains
   subroutine block_bwd_composed_f32(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, &
       & V, attn, lse, resid, inv_rms2, U, dy, dx, dnorm1, dWq, dWk, dWv, dWo, dnorm2, dWg, dWu, &
       & dWd, xn2, dxn2, dresid_norm, dresid, dattn, dQ, dK, dV, xn1, dxn1, dx_norm, mlp_WdT, &
-      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_H, mlp_WdT_panel, mlp_Wu_panel, &
-      & mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
+      & mlp_dH, mlp_V, mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_XT, mlp_HT, mlp_WdT_panel, &
+      & mlp_Wu_panel, mlp_WgT_panel, mlp_WuT_panel, mlp_dU_panel, mlp_dV_panel, mlp_dF_panel, &
       & norm2_dweight_part, out_WoT, out_WoT_panel, out_dY_panel, attn_delta, qkv_WqT, qkv_WkT, &
       & qkv_WvT, qkv_WqT_panel, qkv_WkT_panel, qkv_WvT_panel, qkv_dQ_panel, qkv_dK_panel, &
       & qkv_dV_panel, norm1_dweight_part, batch, n, dm, heads, dh, dff, scale) &
@@ -3820,7 +3834,8 @@ contains
     real(c_float), intent(out) :: mlp_WgT(0:dff * dm - 1)
     real(c_float), intent(out) :: mlp_dV(0:batch * n * dff - 1)
     real(c_float), intent(out) :: mlp_WuT(0:dff * dm - 1)
-    real(c_float), intent(out) :: mlp_H(0:batch * n * dff - 1)
+    real(c_float), intent(out) :: mlp_XT(0:batch * dm * n - 1)
+    real(c_float), intent(out) :: mlp_HT(0:batch * dff * n - 1)
     real(c_float), intent(out) :: mlp_WdT_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_WgT_panel(0:((dm) / 8) * dff * 8 - 1)
@@ -4723,9 +4738,22 @@ contains
       end do
     end do
     !$omp end parallel do
+    ! mlp.XT: from the DNF
+    ! stage mlp: mlp_bwd tiled
+    ! XT[b, c, i] = (<b i c> psi X)
+    !$omp parallel do collapse(2) schedule(static) private(i)
+    do b = 0, batch - 1
+      do c = 0, dm - 1
+        !$omp simd
+        do i = 0, n - 1
+          mlp_XT(i + n*(b*dm + c)) = xn2(c + dm*(b*n + i))
+        end do
+      end do
+    end do
+    !$omp end parallel do
     ! mlp.dWg.pack_dU: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
@@ -4741,7 +4769,7 @@ contains
     !$omp end parallel do
     ! mlp.dWg: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -4802,102 +4830,102 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dU_panel(8*i + &
+            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dU_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dU_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dU_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWg(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -4953,7 +4981,7 @@ contains
     !$omp end parallel do
     ! mlp.dWg.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 i2 c> psi X) * (<b2 i2 e> psi dU)))
+    ! dWg[c, e] = sum[b2 < batch](sum[i2 < n]((<b2 c i2> psi XT) * (<b2 i2 e> psi dU)))
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_g, xdu)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -4962,7 +4990,7 @@ contains
           xdu = 0.0_c_float
           !$omp simd reduction(+:xdu)
           do i = 0, n - 1
-            xdu = xdu + xn2(c + dm*(b*n + i)) * mlp_dU(dff*(b*n + i) + e)
+            xdu = xdu + mlp_XT(i + n*(b*dm + c)) * mlp_dU(dff*(b*n + i) + e)
           end do
           batch_g = batch_g + xdu
         end do
@@ -4972,7 +5000,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu.pack_dV: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do e_tile = 0, ((dff) / 8) - 1
       do b = 0, batch - 1
@@ -4988,7 +5016,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(c_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -5049,102 +5077,102 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_0 = acc_0_0 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile))
-            acc_0_1 = acc_0_1 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_1 = acc_0_1 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 1)
-            acc_0_2 = acc_0_2 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_2 = acc_0_2 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 2)
-            acc_0_3 = acc_0_3 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_3 = acc_0_3 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 3)
-            acc_0_4 = acc_0_4 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_4 = acc_0_4 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 4)
-            acc_0_5 = acc_0_5 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_5 = acc_0_5 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 5)
-            acc_0_6 = acc_0_6 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_6 = acc_0_6 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 6)
-            acc_0_7 = acc_0_7 + xn2(dm*(b*n + i) + min(6*c_tile, dm - 1)) * mlp_dV_panel(8*i + &
+            acc_0_7 = acc_0_7 + mlp_XT(i + n*(b*dm + min(6*c_tile, dm - 1))) * mlp_dV_panel(8*i + &
                 & 8*n*(b + batch*e_tile) + 7)
-            acc_1_0 = acc_1_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_1_1 = acc_1_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_1_2 = acc_1_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_1_3 = acc_1_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_1_4 = acc_1_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_1_5 = acc_1_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_1_6 = acc_1_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_1_7 = acc_1_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 1)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_2_0 = acc_2_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_2_1 = acc_2_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_2_2 = acc_2_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_2_3 = acc_2_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_2_4 = acc_2_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_2_5 = acc_2_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_2_6 = acc_2_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_2_7 = acc_2_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 2)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_3_0 = acc_3_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_3_1 = acc_3_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_3_2 = acc_3_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_3_3 = acc_3_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_3_4 = acc_3_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_3_5 = acc_3_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_3_6 = acc_3_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_3_7 = acc_3_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 3)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_4_0 = acc_4_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_4_1 = acc_4_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_4_2 = acc_4_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_4_3 = acc_4_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_4_4 = acc_4_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_4_5 = acc_4_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_4_6 = acc_4_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_4_7 = acc_4_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 4)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
-            acc_5_0 = acc_5_0 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile))
-            acc_5_1 = acc_5_1 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 1)
-            acc_5_2 = acc_5_2 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 2)
-            acc_5_3 = acc_5_3 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 3)
-            acc_5_4 = acc_5_4 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 4)
-            acc_5_5 = acc_5_5 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 5)
-            acc_5_6 = acc_5_6 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 6)
-            acc_5_7 = acc_5_7 + xn2(dm*(b*n + i) + min(dm - 1, 6*c_tile + 5)) * mlp_dV_panel(8*i &
-                & + 8*n*(b + batch*e_tile) + 7)
+            acc_1_0 = acc_1_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_1_1 = acc_1_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_1_2 = acc_1_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_1_3 = acc_1_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_1_4 = acc_1_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_1_5 = acc_1_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_1_6 = acc_1_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_1_7 = acc_1_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 1))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_2_0 = acc_2_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_2_1 = acc_2_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_2_2 = acc_2_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_2_3 = acc_2_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_2_4 = acc_2_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_2_5 = acc_2_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_2_6 = acc_2_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_2_7 = acc_2_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 2))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_3_0 = acc_3_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_3_1 = acc_3_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_3_2 = acc_3_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_3_3 = acc_3_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_3_4 = acc_3_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_3_5 = acc_3_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_3_6 = acc_3_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_3_7 = acc_3_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 3))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_4_0 = acc_4_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_4_1 = acc_4_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_4_2 = acc_4_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_4_3 = acc_4_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_4_4 = acc_4_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_4_5 = acc_4_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_4_6 = acc_4_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_4_7 = acc_4_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 4))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
+            acc_5_0 = acc_5_0 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile))
+            acc_5_1 = acc_5_1 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 1)
+            acc_5_2 = acc_5_2 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 2)
+            acc_5_3 = acc_5_3 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 3)
+            acc_5_4 = acc_5_4 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 4)
+            acc_5_5 = acc_5_5 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 5)
+            acc_5_6 = acc_5_6 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 6)
+            acc_5_7 = acc_5_7 + mlp_XT(i + n*(b*dm + min(dm - 1, 6*c_tile + 5))) * &
+                & mlp_dV_panel(8*i + 8*n*(b + batch*e_tile) + 7)
           end do
         end do
         dWu(dff*min(6*c_tile, dm - 1) + 8*e_tile) = acc_0_0
@@ -5200,7 +5228,7 @@ contains
     !$omp end parallel do
     ! mlp.dWu.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 i3 c> psi X) * (<b3 i3 e> psi dV)))
+    ! dWu[c, e] = sum[b3 < batch](sum[i3 < n]((<b3 c i3> psi XT) * (<b3 i3 e> psi dV)))
     !$omp parallel do collapse(1) schedule(static) private(e, b, i, batch_u, xdv)
     do c = 0, dm - 1
       do e = 8*((dff) / 8), dff - 1
@@ -5209,7 +5237,7 @@ contains
           xdv = 0.0_c_float
           !$omp simd reduction(+:xdv)
           do i = 0, n - 1
-            xdv = xdv + xn2(c + dm*(b*n + i)) * mlp_dV(dff*(b*n + i) + e)
+            xdv = xdv + mlp_XT(i + n*(b*dm + c)) * mlp_dV(dff*(b*n + i) + e)
           end do
           batch_u = batch_u + xdv
         end do
@@ -5217,23 +5245,23 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! mlp.H: from the DNF
+    ! mlp.HT: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! H[b, i, e] = silu((<b i e> psi U)) * (<b i e> psi V)
-    !$omp parallel do collapse(2) schedule(static) private(e)
+    ! HT[b, e, i] = silu((<b i e> psi U)) * (<b i e> psi V)
+    !$omp parallel do collapse(2) schedule(static) private(i)
     do b = 0, batch - 1
-      do i = 0, n - 1
+      do e = 0, dff - 1
         !$omp simd
-        do e = 0, dff - 1
-          mlp_H(dff*(b*n + i) + e) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) + &
-              & e))) * mlp_V(dff*(b*n + i) + e)
+        do i = 0, n - 1
+          mlp_HT(i + n*(b*dff + e)) = U(dff*(b*n + i) + e) / (1.0_c_float + exp(-U(dff*(b*n + i) &
+              & + e))) * mlp_V(dff*(b*n + i) + e)
         end do
       end do
     end do
     !$omp end parallel do
     ! mlp.dWd.pack_dF: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(b, i, lane)
     do c_tile = 0, ((dm) / 8) - 1
       do b = 0, batch - 1
@@ -5248,7 +5276,7 @@ contains
     !$omp end parallel do
     ! mlp.dWd: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(e_tile, b, i, acc_0_0, acc_0_1, &
     !$omp& acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, acc_0_7, acc_1_0, acc_1_1, acc_1_2, &
     !$omp& acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, acc_2_0, acc_2_1, acc_2_2, acc_2_3, &
@@ -5309,101 +5337,101 @@ contains
         do b = 0, batch - 1
           !GCC$ novector
           do i = 0, n - 1
-            acc_0_0 = acc_0_0 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_0 = acc_0_0 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile))
-            acc_0_1 = acc_0_1 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_1 = acc_0_1 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 1)
-            acc_0_2 = acc_0_2 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_2 = acc_0_2 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 2)
-            acc_0_3 = acc_0_3 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_3 = acc_0_3 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 3)
-            acc_0_4 = acc_0_4 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_4 = acc_0_4 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 4)
-            acc_0_5 = acc_0_5 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_5 = acc_0_5 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 5)
-            acc_0_6 = acc_0_6 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_6 = acc_0_6 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 6)
-            acc_0_7 = acc_0_7 + mlp_H(dff*(b*n + i) + min(6*e_tile, dff - 1)) * mlp_dF_panel(8*i &
+            acc_0_7 = acc_0_7 + mlp_HT(i + n*(b*dff + min(6*e_tile, dff - 1))) * mlp_dF_panel(8*i &
                 & + 8*n*(b + batch*c_tile) + 7)
-            acc_1_0 = acc_1_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_0 = acc_1_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_1_1 = acc_1_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_1 = acc_1_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_1_2 = acc_1_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_2 = acc_1_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_1_3 = acc_1_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_3 = acc_1_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_1_4 = acc_1_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_4 = acc_1_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_1_5 = acc_1_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_5 = acc_1_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_1_6 = acc_1_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_6 = acc_1_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_1_7 = acc_1_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 1)) * &
+            acc_1_7 = acc_1_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 1))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_2_0 = acc_2_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_0 = acc_2_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_2_1 = acc_2_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_1 = acc_2_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_2_2 = acc_2_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_2 = acc_2_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_2_3 = acc_2_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_3 = acc_2_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_2_4 = acc_2_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_4 = acc_2_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_2_5 = acc_2_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_5 = acc_2_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_2_6 = acc_2_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_6 = acc_2_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_2_7 = acc_2_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 2)) * &
+            acc_2_7 = acc_2_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 2))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_3_0 = acc_3_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_0 = acc_3_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_3_1 = acc_3_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_1 = acc_3_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_3_2 = acc_3_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_2 = acc_3_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_3_3 = acc_3_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_3 = acc_3_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_3_4 = acc_3_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_4 = acc_3_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_3_5 = acc_3_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_5 = acc_3_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_3_6 = acc_3_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_6 = acc_3_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_3_7 = acc_3_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 3)) * &
+            acc_3_7 = acc_3_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 3))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_4_0 = acc_4_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_0 = acc_4_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_4_1 = acc_4_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_1 = acc_4_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_4_2 = acc_4_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_2 = acc_4_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_4_3 = acc_4_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_3 = acc_4_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_4_4 = acc_4_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_4 = acc_4_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_4_5 = acc_4_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_5 = acc_4_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_4_6 = acc_4_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_6 = acc_4_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_4_7 = acc_4_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 4)) * &
+            acc_4_7 = acc_4_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 4))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
-            acc_5_0 = acc_5_0 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_0 = acc_5_0 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile))
-            acc_5_1 = acc_5_1 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_1 = acc_5_1 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 1)
-            acc_5_2 = acc_5_2 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_2 = acc_5_2 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 2)
-            acc_5_3 = acc_5_3 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_3 = acc_5_3 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 3)
-            acc_5_4 = acc_5_4 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_4 = acc_5_4 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 4)
-            acc_5_5 = acc_5_5 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_5 = acc_5_5 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 5)
-            acc_5_6 = acc_5_6 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_6 = acc_5_6 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 6)
-            acc_5_7 = acc_5_7 + mlp_H(dff*(b*n + i) + min(dff - 1, 6*e_tile + 5)) * &
+            acc_5_7 = acc_5_7 + mlp_HT(i + n*(b*dff + min(dff - 1, 6*e_tile + 5))) * &
                 & mlp_dF_panel(8*i + 8*n*(b + batch*c_tile) + 7)
           end do
         end do
@@ -5460,7 +5488,7 @@ contains
     !$omp end parallel do
     ! mlp.dWd.edge: from the DNF
     ! stage mlp: mlp_bwd tiled
-    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 i4 e> psi H) * (<b4 i4 c> psi dF)))
+    ! dWd[e, c] = sum[b4 < batch](sum[i4 < n]((<b4 e i4> psi HT) * (<b4 i4 c> psi dF)))
     !$omp parallel do collapse(1) schedule(static) private(c, b, i, batch_d, hdf)
     do e = 0, dff - 1
       do c = 8*((dm) / 8), dm - 1
@@ -5469,7 +5497,7 @@ contains
           hdf = 0.0_c_float
           !$omp simd reduction(+:hdf)
           do i = 0, n - 1
-            hdf = hdf + mlp_H(dff*(b*n + i) + e) * dy(c + dm*(b*n + i))
+            hdf = hdf + mlp_HT(i + n*(b*dff + e)) * dy(c + dm*(b*n + i))
           end do
           batch_d = batch_d + hdf
         end do

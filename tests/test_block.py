@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import sympy
 
 from moagen import reference_block, runtime
 from moagen.codegen.emit import emit, onf_of
@@ -118,6 +119,22 @@ def test_a_tile_stores_its_sums_and_a_pointwise_nest_applies_the_rest():
     assert "U.pointwise" not in nests  # a plain sum: nothing to apply
 
 
+def test_weight_gradient_tiles_read_every_operand_along_contiguous_memory():
+    """dWg = X^T dU sums over rows: X is copied transposed once (XT), H computed transposed
+    (HT), so a tile's step along the rows moves one element in each operand's row (its
+    packed panel: one panel row), not one row of X (dm elements) as X itself would."""
+    nests = {n.label: n for n in onf_of("mlp_bwd", "tiled").nests}
+    for label, rows_operand, panel in (("dWg", "XT", "dU_panel"), ("dWu", "XT", "dV_panel"),
+                                       ("dWd", "HT", "dF_panel")):
+        *_, k_loop = (s for s in walk(nests[label].body) if isinstance(s, Loop) and
+                      s.vector_tile)  # the sum over the batch, then the one over its rows
+        strides = {e.array: int(sympy.diff(e.offset, k_loop.var))
+                   for s in walk(k_loop.body) if isinstance(s, Update)
+                   for e in S.subexpressions(s.value) if isinstance(e, S.Load)}
+        assert strides == {rows_operand: 1, panel: TILE_DEFAULTS["nr"]}, label
+    assert "H" not in nests and "X" not in {b.name for b in onf_of("mlp_bwd", "tiled").temps}
+
+
 def test_a_tiled_nest_keeps_the_compiler_from_revectorizing_its_tiles():
     """In C each tiled nest is a static function that opts out of the loop vectorizer,
     called from the kernel's function, which keeps it (the composite's other stages)."""
@@ -215,10 +232,10 @@ def test_the_forward_keeps_per_row_statistics_and_only_u_of_the_mlp():
     assert [b.name for b in onf.outputs] == ["y"] + list(FORWARD.kept())
     scratch = {b.name for b in onf.temps}
     assert {"xn1", "xn2", "mlp_H"} <= scratch  # x / r and the MLP's H are never returned
-    # the backward recomputes x / r, and V and H of the MLP, from what was kept
+    # the backward recomputes x / r, and V and H (transposed) of the MLP, from what was kept
     backward = onf_of("block_bwd")
-    assert {"xn1", "xn2", "mlp_V", "mlp_H"} <= {b.name for b in backward.temps}
-    assert not {"xn1", "xn2", "mlp_V", "mlp_H", "H"} & {b.name for b in backward.inputs}
+    assert {"xn1", "xn2", "mlp_V", "mlp_HT"} <= {b.name for b in backward.temps}
+    assert not {"xn1", "xn2", "mlp_V", "mlp_H", "mlp_HT", "H"} & {b.name for b in backward.inputs}
 
 
 def test_the_block_is_its_stages_nests_in_order():

@@ -7,8 +7,10 @@ The forward keeps only U for the backward, which recomputes V and H from X and U
     dH = dF Wd^T,  dV = dH * silu(U),  dU = dH * V * silu'(U)
     dWd = H^T dF,  dWg = X^T dU,  dWu = X^T dV,  dX = dU Wg^T + dV Wu^T
 
-with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). Every inner product is register
-tiled in the `tiled` variants; the weight gradients are sums over all rows computed by
+with silu'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u))). H is computed transposed (HT), and
+X is copied transposed (XT), so that the weight gradients, sums over the rows, read their
+row operand along contiguous memory. Every inner product is register tiled in the `tiled`
+variants; the weight gradients are sums over all rows computed by
 whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
 runs over the rows in one fixed order.
 """
@@ -64,37 +66,41 @@ def _transposed(w, label):
 def backward_spec() -> KernelSpec:
     x, u, df = (psi(B, a) for a in (X, U, DF))
     v = named("V", inner(x, WU, var="c", name="xu"), index=ROW_E)
-    h = named("H", silu(u) * v, index=ROW_E)
+    # the weight gradients' row operands, stored transposed (as the weights are for dX):
+    # a register tile then reads them along contiguous rows, not one row apart per step
+    xt = named("XT", transpose(x), index=("c", "i"))
+    ht = named("HT", transpose(silu(u) * v), index=("e", "i"))
     dh = named("dH", inner(df, _transposed(WD, "WdT"), var="c", name="dfw"), index=ROW_E)
     sig = sigmoid(u)
     dv = named("dV", dh * silu(u), index=ROW_E)
     du = named("dU", dh * v * sig * (1.0 + u * (1.0 - sig)), index=ROW_E)
     dx = (inner(du, _transposed(WG, "WgT"), var="e", name="dug")
           + inner(dv, _transposed(WU, "WuT"), var="e", name="dvu"))
-    rows_t = lambda a: transpose(a)  # (n, k) -> (k, n)
     return KernelSpec(
         name="mlp_bwd",
         inputs=(X, WG, WU, WD, U, DF),
         scalars=(),
         outputs=(
             Output("dX", lift(B, ("batch",), dx), ("b", "i", "c")),
-            Output("dWg", _over_rows(inner(rows_t(x), du, var="i", name="xdu"), "batch_g"), ("c", "e")),
-            Output("dWu", _over_rows(inner(rows_t(x), dv, var="i", name="xdv"), "batch_u"), ("c", "e")),
-            Output("dWd", _over_rows(inner(rows_t(h), df, var="i", name="hdf"), "batch_d"), ("e", "c")),
+            Output("dWg", _over_rows(inner(xt, du, var="i", name="xdu"), "batch_g"), ("c", "e")),
+            Output("dWu", _over_rows(inner(xt, dv, var="i", name="xdv"), "batch_u"), ("c", "e")),
+            Output("dWd", _over_rows(inner(ht, df, var="i", name="hdf"), "batch_d"), ("e", "c")),
         ),
     )
 
 
 FORWARD_TEMPS = frozenset({"H"})
-BACKWARD_TEMPS = frozenset({"V", "H", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
+BACKWARD_TEMPS = frozenset({"V", "XT", "HT", "dH", "dV", "dU", "WdT", "WgT", "WuT"})
 ROWS = ("b", "i")
 # the nests of each kernel: row-wise products (tiled rows x cols), weight gradients (tiled
-# weight rows x cols), elementwise row nests and the weights' transposes (weight rows)
+# weight rows x cols), elementwise row nests, the weights' transposes (weight rows) and the
+# per-batch transposes of row operands (their rows)
 FORWARD = {"rows": {"U": "e", "H": "e", "F": "c"}, "weights": {}, "elementwise": (),
-           "transposes": {}}
+           "transposes": {}, "row_transposes": {}}
 BACKWARD = {"rows": {"dH": "e", "V": "e", "dX": "c"},
             "weights": {"dWg": ("c", "e"), "dWu": ("c", "e"), "dWd": ("e", "c")},
-            "elementwise": ("H", "dV", "dU"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"}}
+            "elementwise": ("dV", "dU"), "transposes": {"WdT": "c", "WgT": "e", "WuT": "e"},
+            "row_transposes": {"XT": "c", "HT": "e"}}
 
 
 def _plain(nests):
@@ -103,6 +109,7 @@ def _plain(nests):
     steps += [Parallel(ROWS, nest=n) for n in list(nests["rows"]) + list(nests["elementwise"])]
     steps += [Parallel((rows,), nest=n) for n, (rows, _) in nests["weights"].items()]
     steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
+    steps += [Parallel(("b", rows), nest=n) for n, rows in nests["row_transposes"].items()]
     return tuple(steps)
 
 
@@ -121,6 +128,7 @@ def _tiled(nests, mr, nr, row_block):
     steps.append(Hoist())
     steps += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
     steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
+    steps += [Parallel(("b", rows), nest=n) for n, rows in nests["row_transposes"].items()]
     return tuple(steps)
 
 
