@@ -48,7 +48,8 @@ contains
     real(c_double), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_double), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, &
+        & i_blk, e
     real(c_double) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
@@ -58,8 +59,10 @@ contains
         & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
         & block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
         & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
-        & block_sum_2, block_sum_3, t_0, t_1, t_2, t_3, row_max, row_sum, qk, block_max, new_max, &
-        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, &
+        & t_2_0, t_2_1, t_2_2, t_2_3, t_3_0, t_3_1, t_3_2, t_3_3, t_02, t_12, t_22, t_32, &
+        & row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t_2, t_3, t, &
+        & heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -864,11 +867,13 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
-    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
+    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
+    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
+    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, &
+    !$omp& t_1_1, t_1_2, t_1_3, t_2_0, t_2_1, t_2_2, t_2_3, t_3_0, t_3_1, t_3_2, t_3_3, t_02, &
+    !$omp& t_12, t_22, t_32)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -973,21 +978,62 @@ contains
               attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads &
                   & + h) + 3)) * rescale_3
             end do
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              t_0 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
+              t_0_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h))
+              t_0_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64)
+              t_0_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128)
+              t_0_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192)
+              t_1_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_1_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65)
+              t_1_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129)
+              t_1_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193)
+              t_2_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_2_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66)
+              t_2_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130)
+              t_2_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194)
+              t_3_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3)
+              t_3_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67)
+              t_3_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131)
+              t_3_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
-                    & h))) + t_0 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0_0 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_0 * &
+                    & V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_0 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_0 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_1 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_0_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_1 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_0_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_2 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_0_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_3 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
+              end do
+            end do
+            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+              t_02 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_12 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_22 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_32 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                    & h))) + t_02 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 1)) + t_12 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 2)) + t_22 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 3)) + t_32 * V(c + dh*(j + n*(b*heads + h)))
               end do
             end do
             row_max_0 = new_max_0
@@ -1050,8 +1096,8 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max, row_sum, &
+    !$omp& qk, block_max, new_max, rescale, block_sum, t_0, t_1, t_2, t_3, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -1092,7 +1138,21 @@ contains
             do c = 0, dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
             end do
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
+              t_0 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h))
+              t_1 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_2 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_3 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 3)
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t_0 * &
+                    & V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2 * V(c + dh*(64*j_blk &
+                    & + 4*j_tile + n*(b*heads + h) + 2)) + t_3 * V(c + dh*(64*j_blk + 4*j_tile + &
+                    & n*(b*heads + h) + 3))
+              end do
+            end do
+            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1
@@ -2196,7 +2256,8 @@ contains
     real(c_float), intent(out) :: mlp_Wg_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_Wu_panel(0:((dff) / 8) * dm * 8 - 1)
     real(c_float), intent(out) :: mlp_Wd_panel(0:((dm) / 8) * dff * 8 - 1)
-    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, m_tile, e_tile, i_blk, e
+    integer(c_int64_t) :: b, i, c, h, c_tile, m, lane, i_tile, j_blk, j, j_tile, m_tile, e_tile, &
+        & i_blk, e
     real(c_float) :: sum_sq, acc_0_0, acc_0_1, acc_0_2, acc_0_3, acc_0_4, acc_0_5, acc_0_6, &
         & acc_0_7, acc_1_0, acc_1_1, acc_1_2, acc_1_3, acc_1_4, acc_1_5, acc_1_6, acc_1_7, &
         & acc_2_0, acc_2_1, acc_2_2, acc_2_3, acc_2_4, acc_2_5, acc_2_6, acc_2_7, acc_3_0, &
@@ -2206,8 +2267,10 @@ contains
         & row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, qk_3, &
         & block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, new_max_2, &
         & new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, block_sum_1, &
-        & block_sum_2, block_sum_3, t_0, t_1, t_2, t_3, row_max, row_sum, qk, block_max, new_max, &
-        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, t_1_1, t_1_2, t_1_3, &
+        & t_2_0, t_2_1, t_2_2, t_2_3, t_3_0, t_3_1, t_3_2, t_3_3, t_02, t_12, t_22, t_32, &
+        & row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t_0, t_1, t_2, t_3, t, &
+        & heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -3012,11 +3075,13 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max_0, row_max_1, &
-    !$omp& row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, qk_1, qk_2, &
-    !$omp& qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, new_max_1, &
-    !$omp& new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, block_sum_0, &
-    !$omp& block_sum_1, block_sum_2, block_sum_3, t_0, t_1, t_2, t_3)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
+    !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
+    !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
+    !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
+    !$omp& block_sum_0, block_sum_1, block_sum_2, block_sum_3, t_0_0, t_0_1, t_0_2, t_0_3, t_1_0, &
+    !$omp& t_1_1, t_1_2, t_1_3, t_2_0, t_2_1, t_2_2, t_2_3, t_3_0, t_3_1, t_3_2, t_3_3, t_02, &
+    !$omp& t_12, t_22, t_32)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i_tile = 0, ((n) / 4) - 1
@@ -3121,21 +3186,62 @@ contains
               attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + n*(b*heads &
                   & + h) + 3)) * rescale_3
             end do
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
-              t_0 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
-              t_1 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
-              t_2 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
-              t_3 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
+              t_0_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h))
+              t_0_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64)
+              t_0_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128)
+              t_0_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192)
+              t_1_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_1_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65)
+              t_1_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129)
+              t_1_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193)
+              t_2_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_2_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66)
+              t_2_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130)
+              t_2_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194)
+              t_3_0 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3)
+              t_3_1 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67)
+              t_3_2 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131)
+              t_3_3 = attn_probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195)
               !$omp simd
               do c = 0, dh - 1
                 attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
-                    & h))) + t_0 * V(c + dh*(j + n*(b*heads + h)))
+                    & h))) + t_0_0 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_0 * &
+                    & V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_0 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_0 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 1)) + t_1 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 1)) + t_0_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_1 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_1 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 2)) + t_2 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 2)) + t_0_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_2 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_2 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
                 attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
-                    & n*(b*heads + h) + 3)) + t_3 * V(c + dh*(j + n*(b*heads + h)))
+                    & n*(b*heads + h) + 3)) + t_0_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads &
+                    & + h))) + t_1_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + &
+                    & t_2_3 * V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_3 * V(c &
+                    & + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3))
+              end do
+            end do
+            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+              t_02 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
+              t_12 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
+              t_22 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
+              t_32 = attn_probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 192)
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(4*i_tile + n*(b*heads + h))) = attn(c + dh*(4*i_tile + n*(b*heads + &
+                    & h))) + t_02 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 1)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 1)) + t_12 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 2)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 2)) + t_22 * V(c + dh*(j + n*(b*heads + h)))
+                attn(c + dh*(4*i_tile + n*(b*heads + h) + 3)) = attn(c + dh*(4*i_tile + &
+                    & n*(b*heads + h) + 3)) + t_32 * V(c + dh*(j + n*(b*heads + h)))
               end do
             end do
             row_max_0 = new_max_0
@@ -3198,8 +3304,8 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, row_max, row_sum, qk, &
-    !$omp& block_max, new_max, rescale, block_sum, t)
+    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max, row_sum, &
+    !$omp& qk, block_max, new_max, rescale, block_sum, t_0, t_1, t_2, t_3, t)
     do b = 0, batch - 1
       do h = 0, heads - 1
         do i = 4*((n) / 4), n - 1
@@ -3240,7 +3346,21 @@ contains
             do c = 0, dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
             end do
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
+              t_0 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h))
+              t_1 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_2 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_3 = attn_probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 3)
+              !$omp simd
+              do c = 0, dh - 1
+                attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t_0 * &
+                    & V(c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1 * V(c + &
+                    & dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2 * V(c + dh*(64*j_blk &
+                    & + 4*j_tile + n*(b*heads + h) + 2)) + t_3 * V(c + dh*(64*j_blk + 4*j_tile + &
+                    & n*(b*heads + h) + 3))
+              end do
+            end do
+            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t = attn_probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, dh - 1

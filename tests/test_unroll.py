@@ -13,7 +13,7 @@ from moagen.moa.expr import sym
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.schedule import Parallel
-from moagen.onf.unroll import UnrollJam, rows_together
+from moagen.onf.unroll import UnrollJam, UnrollSum, keys_summed, rows_together
 
 I, K, N, M = sym("i"), sym("k"), sym("n"), sym("m")
 
@@ -74,3 +74,61 @@ def test_attention_rows_and_decode_heads_are_unrolled():
     for variant in ("online", "split"):
         assert sympy.expand(predict("attention_decode", variant).traffic["K"].read
                             - b * kv * n * d) == 0
+
+
+J, C = sym("j"), sym("c")
+
+
+def _weighted_sum(extra=()):
+    """y[i, c] = sum_j p[i, j] v[j, c]: for each row, a loop over j adding into y's row."""
+    zero = Loop(C, sympy.Integer(0), M, (Store("y", (I, C), S.Num(0.0)),))
+    add = Loop(C, sympy.Integer(0), M, (Store("y", (I, C), S.Bin(
+        "*", S.Local("t"), S.Access("v", (J, C))), accumulate="+"),))
+    keys = Loop(J, sympy.Integer(0), K, (Let("t", S.Access("p", (I, J))), add) + extra)
+    return ONF("weighted", "test", (Buffer("p", (N, K)), Buffer("v", (K, M))),
+               (Buffer("y", (N, M)),), (), (N, K, M), (),
+               (Nest("y", (Loop(I, sympy.Integer(0), N, (zero, keys)),), "y = p v"),))
+
+
+@pytest.mark.parametrize("keys", [1, 3, 4, 10])
+def test_summed_copies_add_into_the_element_once_and_keep_the_value(keys):
+    onf = UnrollSum("y", "j", 4)(_weighted_sum())
+    tiled, rest = (s for s in walk(onf.nests[0].body) if isinstance(s, Loop) and
+                   s.var.name in ("j_tile", "j"))
+    assert str(tiled.stop) == "idiv(k, 4)" and str(rest.start) == "4*idiv(k, 4)"
+    (add,) = [s for s in walk(tiled.body) if isinstance(s, Store)]
+    assert add.accumulate == "+" and _reads(add, "v") == 4
+    rng = np.random.default_rng(1)
+    p, v = rng.standard_normal((3, keys)), rng.standard_normal((keys, 5))
+    got = run_onf(onf, {"p": p, "v": v}, {})["y"]
+    np.testing.assert_allclose(got, p @ v, rtol=1e-13)
+
+
+def test_summing_refuses_loops_whose_iterations_depend_on_each_other():
+    with pytest.raises(ScheduleError, match="at least 2"):
+        UnrollSum("y", "j", 1)(_weighted_sum())
+    with pytest.raises(ScheduleError, match="reads y, which it sums into"):
+        UnrollSum("y", "j", 2)(_weighted_sum((Let("u", S.Access("y", (I, sympy.Integer(0)))),)))
+    with pytest.raises(ScheduleError, match="z is not indexed by j"):
+        UnrollSum("y", "j", 2)(_weighted_sum((Store("z", (I,), S.Local("t")),)))
+    with pytest.raises(ScheduleError, match="assigns a local"):
+        UnrollSum("y", "j", 2)(_weighted_sum((Update("last", "=", S.Local("t")),)))
+    with pytest.raises(ScheduleError, match="no loop over i that adds"):
+        UnrollSum("y", "i", 2)(_weighted_sum())
+    with pytest.raises(ScheduleError, match="0 keys summed"):
+        keys_summed("y", 0)
+    assert keys_summed("y", 1) == ()
+
+
+def test_attention_adds_four_value_rows_at_a_time():
+    onf = onf_of("attention_fwd", "online")
+    tiled = next(s for s in walk(onf.nests[0].body) if isinstance(s, Loop) and
+                 s.var.name == "j_tile")
+    stores = [s for s in walk(tiled.body) if isinstance(s, Store)]
+    assert len(stores) == 4  # one per query row, each with the terms of four keys
+    assert all(_reads(s, "V") == 4 for s in stores)
+
+
+def _reads(store, array):
+    return sum(isinstance(e, (S.Access, S.Load)) and e.array == array
+               for e in S.subexpressions(store.value))

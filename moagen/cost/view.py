@@ -40,9 +40,14 @@ def counting_view(onf: ONF) -> View:
             return a / b
         return sympy.sympify(e).replace(idiv, exact)
 
+    def bound(e, maxima):
+        """A loop bound with its tiles full, inside divisions too: the count of a block's
+        keys taken f at a time, idiv(Min(n, 64 b + 64) - 64 b, f), is 64 / f."""
+        return divide(_full_tiles(divide(e), maxima))
+
     def stmt(s, maxima):
         if isinstance(s, Loop):
-            start, stop = divide(s.start), _full_tile(divide(s.stop), maxima)
+            start, stop = bound(s.start, maxima), bound(s.stop, maxima)
             if sympy.simplify(stop - start) == 0:
                 return None  # the columns after the last full tile: none
             inner = {**maxima, s.var: stop - 1}

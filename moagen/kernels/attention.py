@@ -9,7 +9,7 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
-from moagen.onf.unroll import rows_together
+from moagen.onf.unroll import keys_summed, rows_together
 
 Q = array("Q", "batch", "heads", "n", "d")
 K = array("K", "batch", "heads", "n", "d")
@@ -52,12 +52,14 @@ ROWS = ("b", "h", "i")
 KEY_BLOCK = 64
 
 
-def _online(rows):
+def _online(rows, keys):
     """One pass over the keys, in blocks, with a running max and sum rescaling the output;
-    `rows` query rows walk the keys together (each key and value row loaded once for all)."""
+    `rows` query rows walk the keys together (each key and value row loaded once for all),
+    and add `keys` value rows at a time into their output rows (each output element loaded
+    and stored once per `keys` terms)."""
     return (Accumulate("c", over="j", nest="O"),
             FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
-            OnlineSoftmax("rows", block=KEY_BLOCK),
+            OnlineSoftmax("rows", block=KEY_BLOCK), *keys_summed("rows", keys),
             *rows_together("rows", ROWS, rows))
 
 
@@ -69,8 +71,8 @@ VARIANTS = {
     "dnf": (frozenset(), (Accumulate("c", over="j", nest="O"),
                           FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
                           Parallel(ROWS))),
-    "online": Tunable(frozenset(), _online, defaults={"rows": 4},
-                      space={"rows": (1, 2, 4, 6, 8)}),
+    "online": Tunable(frozenset(), _online, defaults={"rows": 4, "keys": 4},
+                      space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

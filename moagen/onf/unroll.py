@@ -95,6 +95,14 @@ def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = N
             Parallel(parallel, nest=f"{nest}.edge"))
 
 
+def keys_summed(nest: str, keys: int, loop: str = "j") -> Tuple:
+    """The step that sums `keys` iterations of the loops over `loop` at a time (UnrollSum);
+    keys = 1: none."""
+    if keys < 1:
+        raise ScheduleError(f"{nest}: {keys} keys summed together: there must be at least one")
+    return (UnrollSum(nest, loop, keys),) if keys > 1 else ()
+
+
 def _copy(stmts, var, value, u, names):
     """stmts for var = value, every local they declare renamed for copy u."""
     rename = {}
@@ -139,3 +147,112 @@ def _check_independent(transform, loop):
             raise ScheduleError(f"{transform}: {array} is not indexed by {transform.loop} at "
                                 "one position in every store and read: iterations would share "
                                 "its elements")
+
+
+@dataclass(frozen=True)
+class UnrollSum:
+    """`factor` iterations at a time of every loop over `loop` in a nest that adds into
+    array elements the loop does not index (the weighted sum of attention, O[i, c] += p[j] *
+    V[j, c] over keys j):
+
+        for j in [s, e): B(j)  ->  for j_tile in [0, (e - s) // f): merge(jam(B(s + f j_tile), ..))
+                                   for j in [s + f ((e - s) // f), e): B(j)
+
+    jam is UnrollJam's; merge then joins the copies' additions to one element into one,
+    O[i, c] += p[j] V[j, c] + p[j+1] V[j+1, c] + ..: the element is loaded and stored once
+    for f terms, where one store per multiply-add bounds the loop. The sum is regrouped by f
+    terms (floating point: the same to rounding).
+
+    Legal when the iterations share nothing else: every other array the loop stores is
+    indexed by it at one position in every store and read (UnrollJam's condition), a summed
+    array is not read in the loop, and the outer locals it changes are accumulated."""
+    nest: str
+    loop: str
+    factor: int
+
+    def __str__(self):
+        return f"unroll_sum({self.nest}, {self.loop}, {self.factor})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.factor < 2:
+            raise ScheduleError(f"{self}: the factor must be at least 2")
+        nest = find_nest(onf, self.nest, self)
+        names = kernel_names(onf)
+        body, unrolled = self._rewrite(nest.body, names)
+        if not unrolled:
+            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop} that "
+                                "adds into array elements it does not index")
+        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
+                              str(self))
+
+    def _rewrite(self, stmts, names):
+        out, unrolled = [], 0
+        for s in stmts:
+            if not isinstance(s, Loop):
+                out.append(s)
+            elif s.var.name == self.loop and _summed_arrays(s):
+                out += self._unroll(s, names)
+                unrolled += 1
+            else:
+                body, inner = self._rewrite(s.body, names)
+                out.append(replace(s, body=tuple(body)))
+                unrolled += inner
+        return out, unrolled
+
+    def _unroll(self, loop, names):
+        summed = _summed_arrays(loop)
+        _check_sum_only(self, loop, summed)
+        tile = sympy.Symbol(names.claim(names.new(f"{self.loop}_tile")), integer=True)
+        full = idiv(loop.stop - loop.start, self.factor)
+        copies = [_copy(loop.body, loop.var, loop.start + self.factor * tile + u, u, names)
+                  for u in range(self.factor)]
+        return [Loop(tile, sympy.Integer(0), full, _merge_sums(_jam(self, copies))),
+                replace(loop, start=loop.start + self.factor * full)]
+
+
+def _summed_arrays(loop):
+    """The arrays the loop adds into at elements it does not index."""
+    return {s.array for s in walk(loop.body) if isinstance(s, Store) and s.accumulate == "+"
+            and not any(loop.var in sympy.sympify(i).free_symbols for i in s.index)}
+
+
+def _check_sum_only(transform, loop, summed):
+    reads = {e.array for s in walk(loop.body) for x in stmt_exprs(s)
+             for e in S.subexpressions(x) if isinstance(e, S.Access)}
+    if summed & reads:
+        raise ScheduleError(f"{transform}: the loop reads {', '.join(sorted(summed & reads))}, "
+                            "which it sums into: its iterations depend on each other")
+    if any(isinstance(s, Store) and s.array in summed and (s.accumulate != "+" or s.atomic)
+           for s in walk(loop.body)):
+        raise ScheduleError(f"{transform}: an array the loop sums into is also set in it")
+    declared = {s.name for s in walk(loop.body) if isinstance(s, Let)}
+    if any(isinstance(s, Update) and s.name not in declared and s.op == "="
+           for s in walk(loop.body)):
+        raise ScheduleError(f"{transform}: the loop assigns a local of the code around it: "
+                            "its iterations depend on each other")
+    others = replace(loop, body=tuple(_without_sums(loop.body, summed)))
+    _check_independent(transform, others)
+
+
+def _without_sums(stmts, summed):
+    for s in stmts:
+        if isinstance(s, Loop):
+            yield replace(s, body=tuple(_without_sums(s.body, summed)))
+        elif not (isinstance(s, Store) and s.array in summed):
+            yield s
+
+
+def _merge_sums(stmts):
+    """Additions to the same element, one after another, as one addition of their sum."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            s = replace(s, body=tuple(_merge_sums(s.body)))
+        last = out[-1] if out else None
+        if isinstance(s, Store) and isinstance(last, Store) and s.accumulate == "+" and \
+                not s.atomic and (last.array, last.index, last.accumulate, last.atomic) == \
+                (s.array, s.index, "+", False):
+            out[-1] = replace(last, value=S.Bin("+", last.value, s.value))
+        else:
+            out.append(s)
+    return tuple(out)
