@@ -73,7 +73,7 @@ def test_bad_input_messages(capsys):
     for argv, message in ((["--kernels", "attention_nope"], "attention_nope"),
                           (["--lang", "cobol"], "unknown language 'cobol'"),
                           (["--out", "/proc/no/such/results.jsonl"], "cannot write results")):
-        assert main(["bench", "--quick", "--threads", "1"] + argv) == 2
+        assert main(["bench", "--quick", "--untuned", "--threads", "1"] + argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("moagen: error: ") and message in err
 
