@@ -145,6 +145,7 @@ void attention_decode_online_f64(
                 const double rescale_1 = exp(row_max_1 - new_max_1);
                 const double rescale_2 = exp(row_max_2 - new_max_2);
                 const double rescale_3 = exp(row_max_3 - new_max_3);
+                #pragma omp simd
                 for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                     probs[64*b*q_heads + 256*h_tile + j - 64*j_blk] = exp(probs[64*b*q_heads + 256*h_tile + j - 64*j_blk] - new_max_0);
                     probs[64*b*q_heads + 256*h_tile + j - 64*j_blk + 64] = exp(probs[64*b*q_heads + 256*h_tile + j - 64*j_blk + 64] - new_max_1);
@@ -443,6 +444,7 @@ void attention_decode_online_f32(
                 const float rescale_1 = expf(row_max_1 - new_max_1);
                 const float rescale_2 = expf(row_max_2 - new_max_2);
                 const float rescale_3 = expf(row_max_3 - new_max_3);
+                #pragma omp simd
                 for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                     probs[64*b*q_heads + 256*h_tile + j - 64*j_blk] = expf(probs[64*b*q_heads + 256*h_tile + j - 64*j_blk] - new_max_0);
                     probs[64*b*q_heads + 256*h_tile + j - 64*j_blk + 64] = expf(probs[64*b*q_heads + 256*h_tile + j - 64*j_blk + 64] - new_max_1);

@@ -148,6 +148,7 @@ contains
           rescale_1 = exp(row_max_1 - new_max_1)
           rescale_2 = exp(row_max_2 - new_max_2)
           rescale_3 = exp(row_max_3 - new_max_3)
+          !$omp simd
           do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
             probs(64*b*q_heads + 256*h_tile + j - 64*j_blk) = exp(probs(64*b*q_heads + 256*h_tile &
                 & + j - 64*j_blk) - new_max_0)
@@ -469,6 +470,7 @@ contains
           rescale_1 = exp(row_max_1 - new_max_1)
           rescale_2 = exp(row_max_2 - new_max_2)
           rescale_3 = exp(row_max_3 - new_max_3)
+          !$omp simd
           do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
             probs(64*b*q_heads + 256*h_tile + j - 64*j_blk) = exp(probs(64*b*q_heads + 256*h_tile &
                 & + j - 64*j_blk) - new_max_0)

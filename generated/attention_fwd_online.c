@@ -123,6 +123,7 @@ void attention_fwd_online_f64(
                     const double rescale_1 = exp(row_max_1 - new_max_1);
                     const double rescale_2 = exp(row_max_2 - new_max_2);
                     const double rescale_3 = exp(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
@@ -151,32 +152,32 @@ void attention_fwd_online_f64(
                         O[c + d*(4*i_tile + n*(b*heads + h) + 2)] = O[c + d*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
                         O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const double t_0_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h)];
-                        const double t_0_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64];
-                        const double t_0_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128];
-                        const double t_0_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192];
-                        const double t_1_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const double t_1_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65];
-                        const double t_1_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129];
-                        const double t_1_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193];
-                        const double t_2_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const double t_2_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66];
-                        const double t_2_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130];
-                        const double t_2_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194];
-                        const double t_3_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3];
-                        const double t_3_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67];
-                        const double t_3_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131];
-                        const double t_3_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const double t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const double t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
+                        const double t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
+                        const double t_0_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
+                        const double t_1_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const double t_1_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
+                        const double t_1_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
+                        const double t_1_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
+                        const double t_2_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const double t_2_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
+                        const double t_2_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
+                        const double t_2_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
+                        const double t_3_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+                        const double t_3_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
+                        const double t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
+                        const double t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const double t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
                         const double t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const double t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
@@ -284,17 +285,17 @@ void attention_fwd_online_f64(
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const double t_0 = probs[64*i + 4*j_tile + 64*n*(b*heads + h)];
-                        const double t_1 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const double t_2 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const double t_3 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 3];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const double t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const double t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const double t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const double t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const double t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
@@ -419,6 +420,7 @@ void attention_fwd_online_f32(
                     const float rescale_1 = expf(row_max_1 - new_max_1);
                     const float rescale_2 = expf(row_max_2 - new_max_2);
                     const float rescale_3 = expf(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
                         probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
@@ -447,32 +449,32 @@ void attention_fwd_online_f32(
                         O[c + d*(4*i_tile + n*(b*heads + h) + 2)] = O[c + d*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
                         O[c + d*(4*i_tile + n*(b*heads + h) + 3)] = O[c + d*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const float t_0_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h)];
-                        const float t_0_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64];
-                        const float t_0_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128];
-                        const float t_0_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192];
-                        const float t_1_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const float t_1_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65];
-                        const float t_1_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129];
-                        const float t_1_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193];
-                        const float t_2_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const float t_2_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66];
-                        const float t_2_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130];
-                        const float t_2_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194];
-                        const float t_3_0 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3];
-                        const float t_3_1 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67];
-                        const float t_3_2 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131];
-                        const float t_3_3 = probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const float t_0_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const float t_0_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
+                        const float t_0_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
+                        const float t_0_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
+                        const float t_1_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const float t_1_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
+                        const float t_1_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
+                        const float t_1_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
+                        const float t_2_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const float t_2_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
+                        const float t_2_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
+                        const float t_2_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
+                        const float t_3_0 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+                        const float t_3_1 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
+                        const float t_3_2 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
+                        const float t_3_3 = probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const float t_02 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
                         const float t_12 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const float t_22 = probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
@@ -580,17 +582,17 @@ void attention_fwd_online_f32(
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n*(b*heads + h))] = O[c + d*(i + n*(b*heads + h))] * rescale;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const float t_0 = probs[64*i + 4*j_tile + 64*n*(b*heads + h)];
-                        const float t_1 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const float t_2 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const float t_3 = probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 3];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const float t_0 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const float t_1 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const float t_2 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const float t_3 = probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            O[c + d*(i + n*(b*heads + h))] += t_0 * V[c + d*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + d*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + d*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + d*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const float t = probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {

@@ -134,6 +134,7 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
+            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(256*i_tile + j - &
                   & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
@@ -172,48 +173,44 @@ contains
               O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
                   & 3)) * rescale_3
             end do
-            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
-              t_0_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h))
-              t_0_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64)
-              t_0_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128)
-              t_0_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192)
-              t_1_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1)
-              t_1_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65)
-              t_1_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129)
-              t_1_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193)
-              t_2_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2)
-              t_2_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66)
-              t_2_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130)
-              t_2_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194)
-              t_3_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3)
-              t_3_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67)
-              t_3_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131)
-              t_3_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195)
+            do j_tile = 16*j_blk, ((min(n, 64*j_blk + 64)) / 4) - 1
+              t_0_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h))
+              t_0_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64)
+              t_0_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128)
+              t_0_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192)
+              t_1_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_1_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65)
+              t_1_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129)
+              t_1_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193)
+              t_2_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_2_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66)
+              t_2_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130)
+              t_2_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194)
+              t_3_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3)
+              t_3_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67)
+              t_3_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131)
+              t_3_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_0 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_0 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 2)) + t_3_0 * V(c + d*(64*j_blk + 4*j_tile + &
-                    & n*(b*heads + h) + 3))
+                    & t_0_0 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 1)) + t_2_0 * V(c + d*(4*j_tile + n*(b*heads + h) + 2)) + &
+                    & t_3_0 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_1 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_1 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_1 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 1)) + t_0_1 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_1 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_1 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_2 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_2 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_2 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 2)) + t_0_2 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_2 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_2 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_3 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_3 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_3 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 3)) + t_0_3 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_3 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_3 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
               end do
             end do
-            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+            do j = 4*((min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t_02 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
               t_12 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_22 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
@@ -331,21 +328,20 @@ contains
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
-            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
-              t_0 = probs(64*i + 4*j_tile + 64*n*(b*heads + h))
-              t_1 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 1)
-              t_2 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 2)
-              t_3 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 3)
+            do j_tile = 16*j_blk, ((min(n, 64*j_blk + 64)) / 4) - 1
+              t_0 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h))
+              t_1 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_2 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_3 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(64*j_blk + &
-                    & 4*j_tile + n*(b*heads + h) + 1)) + t_2 * V(c + d*(64*j_blk + 4*j_tile + &
-                    & n*(b*heads + h) + 2)) + t_3 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + &
-                    & h) + 3))
+                    & d*(4*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(4*j_tile + n*(b*heads + h) &
+                    & + 1)) + t_2 * V(c + d*(4*j_tile + n*(b*heads + h) + 2)) + t_3 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 3))
               end do
             end do
-            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+            do j = 4*((min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1
@@ -491,6 +487,7 @@ contains
             rescale_1 = exp(row_max_1 - new_max_1)
             rescale_2 = exp(row_max_2 - new_max_2)
             rescale_3 = exp(row_max_3 - new_max_3)
+            !$omp simd
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)) = exp(probs(256*i_tile + j - &
                   & 64*j_blk + 64*n*(b*heads + h)) - new_max_0)
@@ -529,48 +526,44 @@ contains
               O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
                   & 3)) * rescale_3
             end do
-            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
-              t_0_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h))
-              t_0_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64)
-              t_0_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128)
-              t_0_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192)
-              t_1_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1)
-              t_1_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65)
-              t_1_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129)
-              t_1_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193)
-              t_2_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2)
-              t_2_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66)
-              t_2_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130)
-              t_2_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194)
-              t_3_0 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3)
-              t_3_1 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67)
-              t_3_2 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131)
-              t_3_3 = probs(256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195)
+            do j_tile = 16*j_blk, ((min(n, 64*j_blk + 64)) / 4) - 1
+              t_0_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h))
+              t_0_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64)
+              t_0_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128)
+              t_0_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192)
+              t_1_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_1_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65)
+              t_1_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129)
+              t_1_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193)
+              t_2_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_2_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66)
+              t_2_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130)
+              t_2_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194)
+              t_3_0 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3)
+              t_3_1 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67)
+              t_3_2 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131)
+              t_3_3 = probs(256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(4*i_tile + n*(b*heads + h))) = O(c + d*(4*i_tile + n*(b*heads + h))) + &
-                    & t_0_0 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_0 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_0 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 2)) + t_3_0 * V(c + d*(64*j_blk + 4*j_tile + &
-                    & n*(b*heads + h) + 3))
+                    & t_0_0 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_0 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 1)) + t_2_0 * V(c + d*(4*j_tile + n*(b*heads + h) + 2)) + &
+                    & t_3_0 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 1)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 1)) + t_0_1 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_1 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_1 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_1 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 1)) + t_0_1 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_1 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_1 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_1 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 2)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 2)) + t_0_2 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_2 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_2 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_2 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 2)) + t_0_2 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_2 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_2 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_2 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
                 O(c + d*(4*i_tile + n*(b*heads + h) + 3)) = O(c + d*(4*i_tile + n*(b*heads + h) + &
-                    & 3)) + t_0_3 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1_3 * &
-                    & V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)) + t_2_3 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)) + t_3_3 * V(c + d*(64*j_blk &
-                    & + 4*j_tile + n*(b*heads + h) + 3))
+                    & 3)) + t_0_3 * V(c + d*(4*j_tile + n*(b*heads + h))) + t_1_3 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 1)) + t_2_3 * V(c + d*(4*j_tile + &
+                    & n*(b*heads + h) + 2)) + t_3_3 * V(c + d*(4*j_tile + n*(b*heads + h) + 3))
               end do
             end do
-            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+            do j = 4*((min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t_02 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h))
               t_12 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64)
               t_22 = probs(256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128)
@@ -688,21 +681,20 @@ contains
             do c = 0, d - 1
               O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) * rescale
             end do
-            do j_tile = 0, ((-64*j_blk + min(n, 64*j_blk + 64)) / 4) - 1
-              t_0 = probs(64*i + 4*j_tile + 64*n*(b*heads + h))
-              t_1 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 1)
-              t_2 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 2)
-              t_3 = probs(64*i + 4*j_tile + 64*n*(b*heads + h) + 3)
+            do j_tile = 16*j_blk, ((min(n, 64*j_blk + 64)) / 4) - 1
+              t_0 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h))
+              t_1 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1)
+              t_2 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2)
+              t_3 = probs(64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3)
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n*(b*heads + h))) = O(c + d*(i + n*(b*heads + h))) + t_0 * V(c + &
-                    & d*(64*j_blk + 4*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(64*j_blk + &
-                    & 4*j_tile + n*(b*heads + h) + 1)) + t_2 * V(c + d*(64*j_blk + 4*j_tile + &
-                    & n*(b*heads + h) + 2)) + t_3 * V(c + d*(64*j_blk + 4*j_tile + n*(b*heads + &
-                    & h) + 3))
+                    & d*(4*j_tile + n*(b*heads + h))) + t_1 * V(c + d*(4*j_tile + n*(b*heads + h) &
+                    & + 1)) + t_2 * V(c + d*(4*j_tile + n*(b*heads + h) + 2)) + t_3 * V(c + &
+                    & d*(4*j_tile + n*(b*heads + h) + 3))
               end do
             end do
-            do j = 64*j_blk + 4*((-64*j_blk + min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
+            do j = 4*((min(n, 64*j_blk + 64)) / 4), min(n, 64*j_blk + 64) - 1
               t = probs(64*i + j - 64*j_blk + 64*n*(b*heads + h))
               !$omp simd
               do c = 0, d - 1

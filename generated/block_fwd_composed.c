@@ -1714,6 +1714,7 @@ void block_fwd_composed_f64(
                     const double rescale_1 = exp(row_max_1 - new_max_1);
                     const double rescale_2 = exp(row_max_2 - new_max_2);
                     const double rescale_3 = exp(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
                         attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = exp(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
@@ -1742,32 +1743,32 @@ void block_fwd_composed_f64(
                         attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
                         attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const double t_0_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h)];
-                        const double t_0_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64];
-                        const double t_0_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128];
-                        const double t_0_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192];
-                        const double t_1_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const double t_1_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65];
-                        const double t_1_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129];
-                        const double t_1_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193];
-                        const double t_2_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const double t_2_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66];
-                        const double t_2_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130];
-                        const double t_2_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194];
-                        const double t_3_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3];
-                        const double t_3_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67];
-                        const double t_3_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131];
-                        const double t_3_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const double t_0_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const double t_0_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
+                        const double t_0_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
+                        const double t_0_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
+                        const double t_1_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const double t_1_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
+                        const double t_1_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
+                        const double t_1_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
+                        const double t_2_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const double t_2_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
+                        const double t_2_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
+                        const double t_2_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
+                        const double t_3_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+                        const double t_3_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
+                        const double t_3_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
+                        const double t_3_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const double t_02 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
                         const double t_12 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const double t_22 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
@@ -1876,17 +1877,17 @@ void block_fwd_composed_f64(
                     for (int64_t c = 0; c < dh; ++c) {
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const double t_0 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h)];
-                        const double t_1 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const double t_2 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const double t_3 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 3];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const double t_0 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const double t_1 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const double t_2 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const double t_3 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const double t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
@@ -3794,6 +3795,7 @@ void block_fwd_composed_f32(
                     const float rescale_1 = expf(row_max_1 - new_max_1);
                     const float rescale_2 = expf(row_max_2 - new_max_2);
                     const float rescale_3 = expf(row_max_3 - new_max_3);
+                    #pragma omp simd
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)] - new_max_0);
                         attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] = expf(attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64] - new_max_1);
@@ -3822,32 +3824,32 @@ void block_fwd_composed_f32(
                         attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] * rescale_2;
                         attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] = attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] * rescale_3;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const float t_0_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h)];
-                        const float t_0_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 64];
-                        const float t_0_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 128];
-                        const float t_0_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 192];
-                        const float t_1_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const float t_1_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 65];
-                        const float t_1_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 129];
-                        const float t_1_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 193];
-                        const float t_2_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const float t_2_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 66];
-                        const float t_2_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 130];
-                        const float t_2_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 194];
-                        const float t_3_0 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 3];
-                        const float t_3_1 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 67];
-                        const float t_3_2 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 131];
-                        const float t_3_3 = attn_probs[256*i_tile + 4*j_tile + 64*n*(b*heads + h) + 195];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const float t_0_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const float t_0_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 64];
+                        const float t_0_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 128];
+                        const float t_0_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 192];
+                        const float t_1_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const float t_1_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 65];
+                        const float t_1_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 129];
+                        const float t_1_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 193];
+                        const float t_2_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const float t_2_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 66];
+                        const float t_2_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 130];
+                        const float t_2_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 194];
+                        const float t_3_0 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
+                        const float t_3_1 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 67];
+                        const float t_3_2 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 131];
+                        const float t_3_3 = attn_probs[256*i_tile - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 195];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
-                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h))] += t_0_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_0 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 1)] += t_0_1 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 2)] += t_0_2 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(4*i_tile + n*(b*heads + h) + 3)] += t_0_3 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const float t_02 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h)];
                         const float t_12 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 64];
                         const float t_22 = attn_probs[256*i_tile + j - 64*j_blk + 64*n*(b*heads + h) + 128];
@@ -3956,17 +3958,17 @@ void block_fwd_composed_f32(
                     for (int64_t c = 0; c < dh; ++c) {
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
                     }
-                    for (int64_t j_tile = 0; j_tile < ((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
-                        const float t_0 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h)];
-                        const float t_1 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 1];
-                        const float t_2 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 2];
-                        const float t_3 = attn_probs[64*i + 4*j_tile + 64*n*(b*heads + h) + 3];
+                    for (int64_t j_tile = 16*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); ++j_tile) {
+                        const float t_0 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h)];
+                        const float t_1 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 1];
+                        const float t_2 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 2];
+                        const float t_3 = attn_probs[64*i - 64*j_blk + 4*j_tile + 64*n*(b*heads + h) + 3];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {
-                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(64*j_blk + 4*j_tile + n*(b*heads + h) + 3)];
+                            attn[c + dh*(i + n*(b*heads + h))] += t_0 * V[c + dh*(4*j_tile + n*(b*heads + h))] + t_1 * V[c + dh*(4*j_tile + n*(b*heads + h) + 1)] + t_2 * V[c + dh*(4*j_tile + n*(b*heads + h) + 2)] + t_3 * V[c + dh*(4*j_tile + n*(b*heads + h) + 3)];
                         }
                     }
-                    for (int64_t j = 64*j_blk + 4*((-64*j_blk + (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j = 4*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 4); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const float t = attn_probs[64*i + j - 64*j_blk + 64*n*(b*heads + h)];
                         #pragma omp simd
                         for (int64_t c = 0; c < dh; ++c) {

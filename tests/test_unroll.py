@@ -1,6 +1,8 @@
 """Unroll and jam: the structure it promises (copies sharing the inner loops, an edge nest
 for the rows left over), the values it keeps (run by the ONF interpreter at sizes with and
 without leftover rows), and the cases it refuses."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import sympy
@@ -115,6 +117,11 @@ def test_summing_refuses_loops_whose_iterations_depend_on_each_other():
         UnrollSum("y", "j", 2)(_weighted_sum((Update("last", "=", S.Local("t")),)))
     with pytest.raises(ScheduleError, match="no loop over i that adds"):
         UnrollSum("y", "i", 2)(_weighted_sum())
+    onf = _weighted_sum()
+    outer = onf.nests[0].body[0]
+    from_row = replace(outer, body=(outer.body[0], replace(outer.body[1], start=I)))
+    with pytest.raises(ScheduleError, match="starts at i, not a multiple of 2"):
+        UnrollSum("y", "j", 2)(onf.with_nests([replace(onf.nests[0], body=(from_row,))]))
     with pytest.raises(ScheduleError, match="0 keys summed"):
         keys_summed("y", 0)
     assert keys_summed("y", 1) == ()

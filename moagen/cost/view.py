@@ -32,6 +32,8 @@ def counting_view(onf: ONF) -> View:
     def divide(e):
         """idiv over sizes only, as exact division (recording what that assumes)."""
         def exact(a, b):
+            if b.is_Integer and all(t.as_coeff_Mul()[0] % b == 0 for t in sympy.Add.make_args(a)):
+                return a / b  # whole for every value: (64*j_blk + 64) / 4
             if not (a.free_symbols | b.free_symbols) <= sizes:
                 return idiv(a, b)  # an index's division (a query head's KV head) stays
             if b.is_Integer and a.as_coeff_Add()[0] == b - 1:  # a tile count: idiv(x + T - 1, T)

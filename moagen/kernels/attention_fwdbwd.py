@@ -7,7 +7,8 @@ stored. Two ONFs of the same DNF:
 - owner: the forward (one pass, online softmax) and delta per query row; then dK and dV
   parallel over key rows, each thread owning its rows (no atomics); then dQ in a second
   pass over query rows. No atomics at all, so the result does not depend on thread
-  timing. Each pass walks the other side with a few rows at once (UnrollJam).
+  timing. Each pass walks the other side with a few rows at once (UnrollJam); the backward
+  passes walk it by blocks of 64 rows (KeyBlocks), a block's probabilities one vector loop.
 """
 from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
@@ -17,7 +18,8 @@ from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
-from moagen.onf.unroll import rows_together
+from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.unroll import keys_summed, rows_together
 
 
 def _one_head(q, k, v, do, causal):
@@ -45,16 +47,22 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows):
-    """The forward in one pass over blocks of keys (online softmax); in each of the three nests
-    `rows` query (or key) rows walk the other side together."""
+def _owner(rows, keys):
+    """The forward in one pass over blocks of keys (online softmax), the backward nests by
+    blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
+    each of the three nests `rows` query (or key) rows walk the other side together; the
+    query rows' nests add `keys` of its rows at a time into theirs."""
     steps = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
              Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
              FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
              FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
-             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK))
-    for nest, parallel in (("forward", QUERY_ROWS), ("dQ", QUERY_ROWS), ("keys", KEY_ROWS)):
-        steps += rows_together(nest, parallel, rows)
+             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK),
+             KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
+    # the key rows' pass runs over query rows from j on in the causal kernel: its blocks do
+    # not start at multiples of `keys`, so its additions are not grouped
+    for nest, parallel, summed in (("forward", QUERY_ROWS, keys), ("dQ", QUERY_ROWS, keys),
+                                   ("keys", KEY_ROWS, 1)):
+        steps += keys_summed(nest, summed) + rows_together(nest, parallel, rows)
     return steps
 
 
@@ -66,8 +74,8 @@ VARIANTS = {
         Hoist(),
         Parallel(QUERY_ROWS, nest="rows"),
         Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero"))),
-    "owner": Tunable(frozenset({"delta"}), _owner, defaults={"rows": 4},
-                     space={"rows": (1, 2, 4, 8)}),
+    "owner": Tunable(frozenset({"delta"}), _owner, defaults={"rows": 4, "keys": 4},
+                     space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4)}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

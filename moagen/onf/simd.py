@@ -11,7 +11,8 @@ tolerances.
 A loop is marked only where the lanes cannot interfere: it is innermost, not a register
 tile's sum (already vector code), every store in it (plain or accumulating, not atomic) is
 indexed by the loop variable, every read of a stored array is at an offset stored in the
-loop, stores to one array a whole number of the loop's extents apart, and
+loop, stores to one array a whole number of the loop's extents apart (or a fixed distance
+at least its longest run), and
 the outer locals it changes are accumulated with + or max. That a C function holding a
 register tile opts out of the loop vectorizer leaves these loops vectorized: `omp simd`
 asks for it loop by loop.
@@ -77,8 +78,22 @@ def _vectorizable(loop: Loop) -> bool:
 
 def _apart(a, b, loop) -> bool:
     """Whether two stores' ranges over the loop cannot meet: both step by one element per
-    iteration, a whole nonzero number of loop extents apart (the rows of unrolled copies)."""
+    iteration, a whole nonzero number of loop extents apart (the rows of unrolled copies),
+    or a fixed distance at least the longest the loop runs (the rows of a block's scratch:
+    64 apart, over at most the 64 keys of a block)."""
     if sympy.diff(a, loop.var) != 1 or sympy.diff(b, loop.var) != 1:
         return False
-    apart = sympy.simplify((a - b) / (loop.stop - loop.start))
+    gap, longest = sympy.simplify(a - b), _longest(loop)
+    if gap.is_number and longest is not None:
+        return abs(gap) >= longest
+    apart = sympy.simplify(gap / (loop.stop - loop.start))
     return bool(apart.is_integer) and apart != 0
+
+
+def _longest(loop):
+    """A number of iterations the loop never exceeds (its stop may be Min(n, start + 64)),
+    or None."""
+    stops = loop.stop.args if isinstance(loop.stop, sympy.Min) else (loop.stop,)
+    spans = [sympy.simplify(stop - loop.start) for stop in stops]
+    numbers = [span for span in spans if span.is_number]
+    return min(numbers) if numbers else None

@@ -155,8 +155,8 @@ class UnrollSum:
     array elements the loop does not index (the weighted sum of attention, O[i, c] += p[j] *
     V[j, c] over keys j):
 
-        for j in [s, e): B(j)  ->  for j_tile in [0, (e - s) // f): merge(jam(B(s + f j_tile), ..))
-                                   for j in [s + f ((e - s) // f), e): B(j)
+        for j in [s, e): B(j)  ->  for j_tile in [s / f, e // f): merge(jam(B(f j_tile), ..))
+                                   for j in [f (e // f), e): B(j)
 
     jam is UnrollJam's; merge then joins the copies' additions to one element into one,
     O[i, c] += p[j] V[j, c] + p[j+1] V[j+1, c] + ..: the element is loaded and stored once
@@ -165,7 +165,9 @@ class UnrollSum:
 
     Legal when the iterations share nothing else: every other array the loop stores is
     indexed by it at one position in every store and read (UnrollJam's condition), a summed
-    array is not read in the loop, and the outer locals it changes are accumulated."""
+    array is not read in the loop, and the outer locals it changes are accumulated; and
+    when s is a multiple of f (a block of keys starts at 64 j_blk), so that the groups are
+    the f-aligned ones (the cost model sees their copies as the lanes of one range)."""
     nest: str
     loop: str
     factor: int
@@ -190,7 +192,7 @@ class UnrollSum:
         for s in stmts:
             if not isinstance(s, Loop):
                 out.append(s)
-            elif s.var.name == self.loop and _summed_arrays(s):
+            elif s.var.name == self.loop and summed_arrays(s):
                 out += self._unroll(s, names)
                 unrolled += 1
             else:
@@ -200,23 +202,31 @@ class UnrollSum:
         return out, unrolled
 
     def _unroll(self, loop, names):
-        summed = _summed_arrays(loop)
-        _check_sum_only(self, loop, summed)
+        summed = summed_arrays(loop)
+        check_sum_only(self, loop, summed)
+        f = self.factor
+        if not _multiple_of(loop.start, f):
+            raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
+                                f"{f}: its groups of {f} would not line up")
         tile = sympy.Symbol(names.claim(names.new(f"{self.loop}_tile")), integer=True)
-        full = idiv(loop.stop - loop.start, self.factor)
-        copies = [_copy(loop.body, loop.var, loop.start + self.factor * tile + u, u, names)
-                  for u in range(self.factor)]
-        return [Loop(tile, sympy.Integer(0), full, _merge_sums(_jam(self, copies))),
-                replace(loop, start=loop.start + self.factor * full)]
+        copies = [_copy(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
+        full = idiv(loop.stop, f)
+        return [Loop(tile, sympy.expand(loop.start / f), full, _merge_sums(_jam(self, copies))),
+                replace(loop, start=f * full)]
 
 
-def _summed_arrays(loop):
+def _multiple_of(e, f) -> bool:
+    """Whether every term of e has a coefficient f divides (64*j_blk for f = 4: yes)."""
+    return all(t.as_coeff_Mul()[0] % f == 0 for t in sympy.Add.make_args(sympy.expand(e)))
+
+
+def summed_arrays(loop):
     """The arrays the loop adds into at elements it does not index."""
     return {s.array for s in walk(loop.body) if isinstance(s, Store) and s.accumulate == "+"
             and not any(loop.var in sympy.sympify(i).free_symbols for i in s.index)}
 
 
-def _check_sum_only(transform, loop, summed):
+def check_sum_only(transform, loop, summed):
     reads = {e.array for s in walk(loop.body) for x in stmt_exprs(s)
              for e in S.subexpressions(x) if isinstance(e, S.Access)}
     if summed & reads:
