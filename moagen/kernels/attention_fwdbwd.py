@@ -47,7 +47,7 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows, keys):
+def _owner(rows, keys, causal):
     """The forward in one pass over blocks of keys (online softmax), the backward nests by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
     each of the three nests `rows` query (or key) rows walk the other side together; the
@@ -58,24 +58,29 @@ def _owner(rows, keys):
              FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
              Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK),
              KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-    # the key rows' pass runs over query rows from j on in the causal kernel: its blocks do
-    # not start at multiples of `keys`, so its additions are not grouped
-    for nest, parallel, summed in (("forward", QUERY_ROWS, keys), ("dQ", QUERY_ROWS, keys),
-                                   ("keys", KEY_ROWS, 1)):
-        steps += keys_summed(nest, summed) + rows_together(nest, parallel, rows)
+    # causal, the key rows' pass runs over query rows from j on: its blocks do not start at
+    # multiples of `keys`, so there its additions are not grouped
+    for nest, parallel, summed, other in (
+            ("forward", QUERY_ROWS, keys, "j"), ("dQ", QUERY_ROWS, keys, "j"),
+            ("keys", KEY_ROWS, 1 if causal else keys, "i")):
+        steps += keys_summed(nest, summed, loop=other) + rows_together(nest, parallel, rows)
     return steps
 
 
-VARIANTS = {
-    "atomic": (frozenset(), (
-        Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
-        Scatter("dK", over="i", outer=("b", "h")), Scatter("dV", over="i", outer=("b", "h")),
-        FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
-        Hoist(),
-        Parallel(QUERY_ROWS, nest="rows"),
-        Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero"))),
-    "owner": Tunable(frozenset({"delta"}), _owner, defaults={"rows": 4, "keys": 4},
-                     space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4)}),
-}
+ATOMIC = (frozenset(), (
+    Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+    Scatter("dK", over="i", outer=("b", "h")), Scatter("dV", over="i", outer=("b", "h")),
+    FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
+    Hoist(),
+    Parallel(QUERY_ROWS, nest="rows"),
+    Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero")))
 
-KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+def variants(causal):
+    return {"atomic": ATOMIC,
+            "owner": Tunable(frozenset({"delta"}), lambda rows, keys: _owner(rows, keys, causal),
+                             defaults={"rows": 4, "keys": 4},
+                             space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4)})}
+
+
+KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]
