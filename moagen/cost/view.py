@@ -15,7 +15,7 @@ from typing import Tuple
 import sympy
 
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv
+from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import Loop, Nest, ONF, Store, map_stmt_exprs
 
 
@@ -32,7 +32,7 @@ def counting_view(onf: ONF) -> View:
     def divide(e):
         """idiv over sizes only, as exact division (recording what that assumes)."""
         def exact(a, b):
-            if b.is_Integer and all(t.as_coeff_Mul()[0] % b == 0 for t in sympy.Add.make_args(a)):
+            if b.is_Integer and divides(int(b), a):
                 return a / b  # whole for every value: (64*j_blk + 64) / 4
             if not (a.free_symbols | b.free_symbols) <= sizes:
                 return idiv(a, b)  # an index's division (a query head's KV head) stays

@@ -39,6 +39,12 @@ class idiv(sympy.Function):
             return sympy.Integer(a // b)
 
 
+def divides(f: int, e) -> bool:
+    """Whether f divides the index expression e at every value of its symbols: it divides
+    every term's coefficient (64*j_blk + 64 for f = 4)."""
+    return all(t.as_coeff_Mul()[0] % f == 0 for t in sympy.Add.make_args(sympy.expand(e)))
+
+
 # how index arithmetic evaluates in Python (sympy.lambdify), on integers
 INDEX_NAMESPACE = {"idiv": lambda a, b: a // b, "Min": min, "Max": max}
 

@@ -22,7 +22,7 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.moa.expr import idiv
+from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts, walk)
 from moagen.onf.names import Names
@@ -205,7 +205,7 @@ class UnrollSum:
         summed = summed_arrays(loop)
         check_sum_only(self, loop, summed)
         f = self.factor
-        if not _multiple_of(loop.start, f):
+        if not divides(f, loop.start):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its groups of {f} would not line up")
         tile = sympy.Symbol(names.claim(names.new(f"{self.loop}_tile")), integer=True)
@@ -215,11 +215,6 @@ class UnrollSum:
                 replace(loop, start=f * full)]
 
 
-def _multiple_of(e, f) -> bool:
-    """Whether every term of e has a coefficient f divides (64*j_blk for f = 4: yes)."""
-    return all(t.as_coeff_Mul()[0] % f == 0 for t in sympy.Add.make_args(sympy.expand(e)))
-
-
 def summed_arrays(loop):
     """The arrays the loop adds into at elements it does not index."""
     return {s.array for s in walk(loop.body) if isinstance(s, Store) and s.accumulate == "+"
@@ -227,6 +222,7 @@ def summed_arrays(loop):
 
 
 def check_sum_only(transform, loop, summed):
+    """Refuses a loop whose iterations share anything but their additions to `summed`."""
     reads = {e.array for s in walk(loop.body) for x in stmt_exprs(s)
              for e in S.subexpressions(x) if isinstance(e, S.Access)}
     if summed & reads:
