@@ -108,9 +108,13 @@ def _plain(nests):
     steps = [Hoist()]
     steps += [Parallel(ROWS, nest=n) for n in list(nests["rows"]) + list(nests["elementwise"])]
     steps += [Parallel((rows,), nest=n) for n, (rows, _) in nests["weights"].items()]
-    steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
-    steps += [Parallel(("b", rows), nest=n) for n, rows in nests["row_transposes"].items()]
-    return tuple(steps)
+    return tuple(steps) + _transposes(nests)
+
+
+def _transposes(nests):
+    """The weights' transposes parallel over their rows, the row operands' over (batch, rows)."""
+    return tuple([Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()] +
+                 [Parallel(("b", rows), nest=n) for n, rows in nests["row_transposes"].items()])
 
 
 def _tiled(nests, mr, nr, row_block):
@@ -127,9 +131,7 @@ def _tiled(nests, mr, nr, row_block):
                   Parallel((rows,), nest=f"{label}.edge")]
     steps.append(Hoist())
     steps += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
-    steps += [Parallel((rows,), nest=n) for n, rows in nests["transposes"].items()]
-    steps += [Parallel(("b", rows), nest=n) for n, rows in nests["row_transposes"].items()]
-    return tuple(steps)
+    return tuple(steps) + _transposes(nests)
 
 
 # a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64); 96 rows of a

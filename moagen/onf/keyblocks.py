@@ -30,7 +30,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Buffer, Let, Loop, ONF, Store, Update, find_nest, stmt_exprs, walk
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, scratch_row, stmt_exprs,
+                              walk)
 from moagen.onf.reductions import lower_reductions
 from moagen.onf.schedule import kernel_names
 from moagen.onf.unroll import check_sum_only, summed_arrays
@@ -61,8 +62,10 @@ class KeyBlocks:
     def _rewrite(self, stmts, loops, names, temps, found):
         out = []
         for s in stmts:
-            if isinstance(s, Loop) and s.var.name == self.loop and summed_arrays(s):
-                check_sum_only(self, s, summed_arrays(s))
+            summed = summed_arrays(s) if isinstance(s, Loop) and s.var.name == self.loop \
+                else set()
+            if summed:
+                check_sum_only(self, s, summed)
                 out.append(self._blocks(s, loops, names, temps))
                 found.append(s)
             elif isinstance(s, Loop):
@@ -73,9 +76,6 @@ class KeyBlocks:
         return tuple(out)
 
     def _blocks(self, loop, loops, names, temps):
-        if any(lp.start != 0 or lp.stop.free_symbols & {x.var for x in loops} for lp in loops):
-            raise ScheduleError(f"{self}: the loops around the keys are not rectangular from "
-                                "0: no scratch row per iteration to keep a block's values in")
         sums, lets, adds = self._steps(loop.body)
         size, j, row = self.block, loop.var, tuple(lp.var for lp in loops)
         block = sympy.Symbol(names.claim(names.new(f"{self.loop}_blk")), integer=True)
@@ -84,18 +84,14 @@ class KeyBlocks:
 
         def kept(step, later):
             """The locals step declares that the later steps read, each with a scratch row."""
-            declared = [s.name for s in step if isinstance(s, Let)]
-            read = {e.name for s in walk(later) for x in stmt_exprs(s)
-                    for e in S.subexpressions(x) if isinstance(e, S.Local)}
-            return {name: _scratch(name, loops, size, names, temps)
-                    for name in declared if name in read}
+            read = _locals_read(later)
+            return {s.name: scratch_row(self, f"{s.name}_block", loops, size, names, temps)
+                    for s in step if isinstance(s, Let) and s.name in read}
 
         from_sums, from_lets = kept(sums, lets + adds), kept(lets, adds)
         keep = lambda scratch: tuple(Store(a, key, S.Local(x)) for x, a in scratch.items())
-        reload = lambda scratch, step: tuple(
-            Let(x, S.Access(a, key)) for x, a in scratch.items()
-            if any(isinstance(e, S.Local) and e.name == x
-                   for s in walk(step) for v in stmt_exprs(s) for e in S.subexpressions(v)))
+        reload = lambda scratch, step: tuple(Let(x, S.Access(a, key))
+                                             for x, a in scratch.items() if x in _locals_read(step))
         each_key = lambda *stmts: Loop(j, first, sympy.Min(loop.stop, first + size), stmts)
         steps = (each_key(*sums, *keep(from_sums)),
                  each_key(*reload(from_sums, lets), *lets, *keep(from_lets)),
@@ -122,9 +118,7 @@ class KeyBlocks:
                 raise ScheduleError(f"{self}: a statement per key is none of a dot product, a "
                                     "scalar or a loop adding into arrays")
             pos += 1
-        declared = {s.name for s in lets}
-        if any(isinstance(e, S.Local) and e.name in declared
-               for s in walk(sums) for x in stmt_exprs(s) for e in S.subexpressions(x)):
+        if {s.name for s in lets} & _locals_read(sums):
             raise ScheduleError(f"{self}: a dot product reads a scalar computed before it: "
                                 "they cannot run in a step of their own")
         return tuple(sums), tuple(lets), tuple(adds)
@@ -145,7 +139,6 @@ def _accumulating_loops(body, pos):
     return own
 
 
-def _scratch(name, loops, size, names, temps):
-    array = names.claim(names.new(f"{name}_block"))
-    temps.append(Buffer(array, tuple(lp.stop for lp in loops) + (sympy.Integer(size),)))
-    return array
+def _locals_read(stmts):
+    """The names the statements' expressions depend on (locals among them)."""
+    return {name for s in walk(stmts) for x in stmt_exprs(s) for name in S.free_names(x)}

@@ -166,6 +166,18 @@ def enclose(loops, body):
     return tuple(body)
 
 
+def scratch_row(who, hint, loops, size, names, temps) -> str:
+    """A new scratch array with a row of `size` values per iteration of `loops` (a block of
+    keys' scores), added to temps; its name. Its shape is the loops' extents: they must run
+    from 0 to bounds that do not depend on each other."""
+    if any(lp.start != 0 or lp.stop.free_symbols & {x.var for x in loops} for lp in loops):
+        raise ScheduleError(f"{who}: the loops around the keys are not rectangular from 0: no "
+                            "scratch row per iteration to keep a block's values in")
+    name = names.claim(names.new(hint))
+    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (sympy.Integer(size),)))
+    return name
+
+
 def walk(stmts):
     """Every statement, depth first, loops before their bodies."""
     for s in stmts:

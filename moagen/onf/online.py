@@ -39,8 +39,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Buffer, Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
-                              stmt_exprs, walk)
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
+                              scratch_row, stmt_exprs, walk)
 from moagen.onf.schedule import kernel_names
 
 
@@ -160,12 +160,8 @@ def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
 
 def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
-    if any(lp.start != 0 or lp.stop.free_symbols & {x.var for x in loops} for lp in loops):
-        raise ScheduleError(f"{transform}: the loops around the keys are not rectangular from "
-                            "0: no scratch row per iteration to hold a block's scores")
     size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
-    probs = names.claim(names.new("probs"))
-    temps.append(Buffer(probs, tuple(lp.stop for lp in loops) + (sympy.Integer(size),)))
+    probs = scratch_row(transform, "probs", loops, size, names, temps)
     block = sympy.Symbol(names.claim(names.new(f"{j}_blk")), integer=True)
     first = size * block
     fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum"))
