@@ -41,10 +41,10 @@ def test_bad_parameters_on_the_command_line(capsys):
 
 def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_dir, capsys):
     out = tmp_path / "tuning.json"
-    code = main(["tune", "attention_decode", "--variant", "online", "--n", "64", "--repeats", "1",
+    code = main(["tune", "attention_decode", "--variant", "split", "--n", "64", "--repeats", "1",
                  "--out", str(out)])
     assert code == 0
-    record = json.loads(out.read_text())[tune.machine_key()]["attention_decode:online:c:float64"]
+    record = json.loads(out.read_text())[tune.machine_key()]["attention_decode:split:c:float64"]
     assert [c["params"] for c in record["candidates"]] == [{"heads": h} for h in (1, 2, 4, 8)]
     assert record["params"] == min(record["candidates"], key=lambda c: c["median_s"])["params"]
     assert "<- chosen" in capsys.readouterr().out
@@ -52,7 +52,7 @@ def test_search_verifies_times_and_records_the_choice(tmp_path, session_build_di
     choices = tune.load_choices(out)
     jobs = suite.plan(["attention_decode"], ["c"], [1], lengths=[64], choices=choices)
     impls = [impl for job in jobs for group in job.groups for impl in group["impls"]]
-    assert ["c", "online", record["params"]] in impls
+    assert ["c", "split", record["params"]] in impls
     assert ["c", "dnf", None] in impls  # no parameters: nothing chosen
 
 

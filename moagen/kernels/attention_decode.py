@@ -14,7 +14,7 @@ from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.splitkeys import SplitKeys
-from moagen.onf.unroll import rows_together
+from moagen.onf.unroll import keys_summed, rows_together
 
 Q = array("q", "batch", "q_heads", "d")
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
@@ -61,10 +61,12 @@ ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, 
        Hoist())
 
 
-def _online(heads):
+def _online(heads, keys):
     """One pass, running max and sum, over blocks of keys; `heads` consecutive query heads
-    together (in a group they read the same KV rows: once)."""
-    return ROW + (OnlineSoftmax("heads", block=KEY_BLOCK), *rows_together("heads", HEADS, heads))
+    together (in a group they read the same KV rows: once), adding `keys` value rows at a
+    time into their output rows."""
+    return ROW + (OnlineSoftmax("heads", block=KEY_BLOCK), *keys_summed("heads", keys),
+                  *rows_together("heads", HEADS, heads))
 
 
 def _split(heads):
@@ -79,7 +81,8 @@ HEAD_SPACE = {"heads": (1, 2, 4, 8)}
 VARIANTS = {
     # three passes over the valid rows (max, sum, weighted sum)
     "dnf": (frozenset(), ROW + (Parallel(HEADS),)),
-    "online": Tunable(frozenset(), _online, defaults={"heads": 4}, space=HEAD_SPACE),
+    "online": Tunable(frozenset(), _online, defaults={"heads": 4, "keys": 2},
+                      space={**HEAD_SPACE, "keys": (1, 2, 4)}),
     "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE),
 }
 
