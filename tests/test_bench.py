@@ -40,6 +40,10 @@ def test_quick_sweep_records_kernels_baselines_roof_and_machine(quick_run):
     assert ours["gflops"] == pytest.approx(ours["flops"] / ours["median_s"] / 1e9)
     roof = next(r for r in records if r["record"] == "roof")
     assert roof["triad_gbs"] > 0 and roof["gemm_gflops"] > 0
+    # a triad in the same rounds as our kernels, recorded with each of them, not the baselines
+    alongside = [r.get("triad_gbs_alongside") for r in results]
+    assert [bool(a) for a in alongside] == [r["variant"] is not None for r in results]
+    assert len({a for a in alongside if a}) == 1 and alongside[0] > 0
 
 
 def test_summary_has_ratios_and_plots(quick_run):
@@ -47,6 +51,12 @@ def test_summary_has_ratios_and_plots(quick_run):
     folder = out.with_suffix("")
     text = (folder / "summary.md").read_text()
     assert "numpy/this" in text and "| rmsnorm_fwd | dnf c (rows=1) | 64 | 1 |" in text
+    dnf = next(line.split(" | ") for line in text.splitlines() if "| dnf c" in line)
+    header = next(line.split(" | ") for line in text.splitlines() if line.startswith("| kernel"))
+    record = next(json.loads(line) for line in out.read_text().splitlines()
+                  if '"variant": "dnf"' in line)
+    share = 100 * record["gbs"] / record["triad_gbs_alongside"]
+    assert dnf[header.index("% triad")] == f"{share:.0f}"
     assert (folder / "rmsnorm_fwd.png").stat().st_size > 0 and (folder / "roofline.png").exists()
 
 

@@ -53,15 +53,18 @@ def _impl(r):
 
 
 def table(results) -> str:
-    lines = ["| kernel | impl | n | threads | median ms | IQR % | GFLOP/s | GB/s | numpy/this | torch/this |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| kernel | impl | n | threads | median ms | IQR % | GFLOP/s | GB/s | % triad | "
+             "numpy/this | torch/this |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda x, f: "-" if x is None else format(x, f)
     for r in with_ratios(results):
         spread = 100 * (r["q3_s"] - r["q1_s"]) / r["median_s"]
+        triad = r.get("triad_gbs_alongside")
+        share = 100 * r["gbs"] / triad if triad and r.get("gbs") is not None else None
         lines.append(f"| {r['kernel']} | {_impl(r)} | {r['sizes']['n']} | {r['threads']} | "
                      f"{r['median_s'] * 1e3:.3f} | {spread:.0f} | {fmt(r.get('gflops'), '.2f')} | "
-                     f"{fmt(r.get('gbs'), '.2f')} | {fmt(r['ratios'].get('numpy'), '.2f')} | "
-                     f"{fmt(r['ratios'].get('torch'), '.2f')} |")
+                     f"{fmt(r.get('gbs'), '.2f')} | {fmt(share, '.0f')} | "
+                     f"{fmt(r['ratios'].get('numpy'), '.2f')} | {fmt(r['ratios'].get('torch'), '.2f')} |")
     return "\n".join(lines)
 
 
@@ -81,7 +84,9 @@ def write(path, run=None, out_dir=None) -> Path:
     text += [f"- {r['threads']} thread(s): STREAM triad {r['triad_gbs']:.1f} GB/s, "
              f"GEMM (fp64) {r['gemm_gflops']:.1f} GFLOP/s" for r in roofs]
     text += ["", "## Results", "", "Median of the repeats after warm-up; IQR: interquartile range "
-             "over the median; numpy/this and torch/this: the baseline's time over ours on the "
+             "over the median; % triad: GB/s over the bandwidth of a STREAM triad timed in the same "
+             "rounds as the kernel (a bandwidth-bound kernel's share of the memory roof); "
+             "numpy/this and torch/this: the baseline's time over ours on the "
              "same inputs in the same process (above 1: ours is faster).", "", table(results), ""]
     text += [f"![{f.stem}]({f.name})" for f in figures]
     summary = out_dir / "summary.md"

@@ -18,14 +18,25 @@ def _best(fn, repeats):
     return min(times)
 
 
+def triad_elements(quick=False) -> int:
+    return 1 << (22 if quick else 24)  # 32 (128) MiB an array
+
+
+def triad_call(n):
+    """A callable running one triad over arrays of n elements, their pages already touched,
+    and the bytes a triad counts (24 an element)."""
+    a, b, c = np.empty(n), np.ones(n), np.ones(n)
+    native.triad(a, b, c, 3.0)  # first touch, outside the timing
+    return (lambda: native.triad(a, b, c, 3.0)), 24 * n
+
+
 def measure(quick=False) -> dict:
     m = 1024 if quick else 2048
     x, y = np.ones((m, m)), np.ones((m, m))
     x @ y  # BLAS starts its threads
     gemm_s = _best(lambda: x @ y, 2 if quick else 4)
-    n = 1 << (22 if quick else 24)  # 32 (128) MiB an array
-    a, b, c = np.empty(n), np.ones(n), np.ones(n)
-    native.triad(a, b, c, 3.0)  # first touch, outside the timing
-    triad_s = _best(lambda: native.triad(a, b, c, 3.0), 5 if quick else 10)
-    return dict(triad_gbs=24 * n / triad_s / 1e9, gemm_gflops=2 * m ** 3 / gemm_s / 1e9,
+    n = triad_elements(quick)
+    triad, triad_bytes = triad_call(n)
+    triad_s = _best(triad, 5 if quick else 10)
+    return dict(triad_gbs=triad_bytes / triad_s / 1e9, gemm_gflops=2 * m ** 3 / gemm_s / 1e9,
                 triad_elements=n, gemm_n=m)

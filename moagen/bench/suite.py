@@ -45,7 +45,7 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, ba
     # two spinning pools on the same cores stall each other. The inputs are the same (seeded).
     return [job for t in threads for job in (
         sweep.Job(sweep.Setting(t), [], roof=True, quick=quick),
-        sweep.Job(sweep.Setting(t), ours, repeats=repeats),
+        sweep.Job(sweep.Setting(t), ours, repeats=repeats, quick=quick, triad_in_rounds=True),
         *([sweep.Job(sweep.Setting(t), theirs, repeats=repeats)] if baselines else []))]
 
 

@@ -44,6 +44,7 @@ class Job:
     repeats: int = 5
     roof: bool = False
     quick: bool = False
+    triad_in_rounds: bool = False  # a triad timed in the groups' rounds (moagen.bench.worker)
     measurements: int = field(init=False)
 
     def __post_init__(self):
@@ -96,7 +97,8 @@ def run(jobs, results: Results):
     records = []
     for job in jobs:
         payload = dict(groups=job.groups, warmup=job.warmup, repeats=job.repeats, roof=job.roof,
-                       quick=job.quick, touch=job.setting.touch, calls=job.setting.calls)
+                       quick=job.quick, touch=job.setting.touch, calls=job.setting.calls,
+                       triad_in_rounds=job.triad_in_rounds)
         command = [sys.executable, "-m", "moagen.bench.worker", json.dumps(payload)]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **job.setting.env()}) as worker:

@@ -5,8 +5,11 @@ nothing else, on stdout.
 
 A job: {"groups": [{"kernel", "dtype", "sizes", "impls": [[lang, variant(, params)], ...]}, ...],
         "warmup", "repeats", "roof": bool, "touch": "serial" | "parallel",
-        "calls": "one" | "per-batch"}
-Every impl of a group is timed on the same inputs, round-robin.
+        "calls": "one" | "per-batch", "triad_in_rounds": bool}
+Every impl of a group is timed on the same inputs, round-robin. With triad_in_rounds, a
+STREAM triad runs in the same rounds, and each of our results records its bandwidth: on a
+shared machine the memory bandwidth moves from minute to minute, so a kernel's share of it
+is only meaningful against a triad measured alongside.
 """
 import json
 import sys
@@ -20,6 +23,10 @@ def run(job):
         from moagen.bench import roof
         _emit(dict(record="roof", **roof.measure(quick=job.get("quick", False))))
     empty = _allocator(job.get("touch", "serial"))
+    triad = None
+    if job.get("triad_in_rounds"):
+        from moagen.bench import roof
+        triad, triad_bytes = roof.triad_call(roof.triad_elements(job.get("quick", False)))
     for group in job["groups"]:
         kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
         args = cases.inputs(kernel, sizes, dtype, empty=empty)
@@ -28,12 +35,16 @@ def run(job):
         for lang, variant, *params in group["impls"]:
             fn = cases.kernel_callable(kernel, variant, lang, dtype, *params)
             calls.append(_call(fn, args, cases.outputs(fn, sizes), scalars, job.get("calls", "one")))
-        timed = time_calls(calls, job.get("warmup", 1), job.get("repeats", 5))
+        timed = time_calls(calls + ([triad] if triad else []), job.get("warmup", 1),
+                           job.get("repeats", 5))
+        alongside = {}
+        if triad:
+            alongside = dict(triad_gbs_alongside=triad_bytes / timed.pop()["median_s"] / 1e9)
         for (lang, variant, *params), stats in zip(group["impls"], timed):
             ours = lang not in cases.BASELINES
             _emit(dict(record="result", kernel=kernel, variant=variant if ours else None,
                        lang=lang, dtype=dtype, sizes=sizes, **stats,
-                       **(_schedule(kernel, variant, *params) if ours else {})))
+                       **(dict(_schedule(kernel, variant, *params), **alongside) if ours else {})))
 
 
 def _schedule(kernel, variant, params=None):
