@@ -14,6 +14,7 @@ from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.splitkeys import SplitKeys
+from moagen.onf.splitloop import SplitLoop
 from moagen.onf.unroll import keys_summed, rows_together
 
 Q = array("q", "batch", "q_heads", "d")
@@ -21,8 +22,11 @@ K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
 V_CACHE = array("V", "batch", "kv_heads", "cap", "d")
 
 
+GROUP = idiv(sym("q_heads"), sym("kv_heads"))  # query heads per KV head
+
+
 def _one_head(b, h):
-    kv_head = idiv(h, idiv(sym("q_heads"), sym("kv_heads")))
+    kv_head = idiv(h, GROUP)
     q = psi((b, h), Q)
     keys, values = (take("n", psi((b, kv_head), cache)) for cache in (K_CACHE, V_CACHE))
     scores = Scalar("scale") * inner(keys, q, var="c", name="qk")
@@ -62,11 +66,12 @@ ROW = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=HEADS, 
 
 
 def _online(heads, keys):
-    """One pass, running max and sum, over blocks of keys; `heads` consecutive query heads
-    together (in a group they read the same KV rows: once), adding `keys` value rows at a
-    time into their output rows."""
+    """One pass, running max and sum, over blocks of keys; the query heads walked group by
+    group (h = GROUP g + r), `heads` of a group together (they read the same KV rows: once),
+    adding `keys` value rows at a time into their output rows."""
     return ROW + (OnlineSoftmax("heads", block=KEY_BLOCK), *keys_summed("heads", keys),
-                  *rows_together("heads", HEADS, heads))
+                  SplitLoop("heads", "h", outer="kv_heads", inner=GROUP),
+                  *rows_together("heads", ("b", "g", "r"), heads))
 
 
 def _split(heads):

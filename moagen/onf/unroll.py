@@ -48,7 +48,7 @@ class UnrollJam:
         edge_label = f"{nest.label}.edge"
         if any(n.label == edge_label for n in onf.nests):
             raise ScheduleError(f"{self}: {onf.name} already has a nest {edge_label}")
-        outer, loop = self._find(nest.body)
+        outer, loop = outer_loop(self, nest.body, self.loop)
         _check_independent(self, loop)
 
         names = kernel_names(onf)
@@ -67,18 +67,20 @@ class UnrollJam:
                 if n is nest else [n]
         return onf.with_nests(nests, str(self))
 
-    def _find(self, stmts):
-        """(the loops around the unrolled one, outermost first; the loop)."""
-        chain, _ = loop_nest(stmts)
-        names = [lp.var.name for lp in chain]
-        if self.loop not in names:
-            raise ScheduleError(f"{self}: nest {self.nest} does not start with perfectly nested "
-                                f"loops down to one over {self.loop}")
-        loop = chain[names.index(self.loop)]
-        if loop.start != 0 or any(lp.parallel for lp in chain):
-            raise ScheduleError(f"{self}: the loop over {self.loop} must start at 0, and be "
-                                "unrolled before any loop is made parallel")
-        return chain[:names.index(self.loop)], loop
+def outer_loop(transform, stmts, var):
+    """(the loops around the one over var, outermost first; that loop), among the perfectly
+    nested loops stmts start with; refused unless it starts at 0 and no loop is parallel
+    yet."""
+    chain, _ = loop_nest(stmts)
+    names = [lp.var.name for lp in chain]
+    if var not in names:
+        raise ScheduleError(f"{transform}: nest {transform.nest} does not start with perfectly "
+                            f"nested loops down to one over {var}")
+    loop = chain[names.index(var)]
+    if loop.start != 0 or any(lp.parallel for lp in chain):
+        raise ScheduleError(f"{transform}: the loop over {var} must start at 0, and be "
+                            "transformed before any loop is made parallel")
+    return chain[:names.index(var)], loop
 
 
 def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = None) -> Tuple:
@@ -136,17 +138,24 @@ def _jam(transform, copies):
 
 def _check_independent(transform, loop):
     """Every array the loop stores is indexed by its variable at one position, in every
-    store and every read: the iterations touch disjoint elements."""
+    store and every read, by one expression that steps with it (i; a group's query head
+    G g + r): the iterations touch disjoint elements."""
     body = loop.body
     for array in dict.fromkeys(s.array for s in walk(body) if isinstance(s, Store)):
         indices = [s.index for s in walk(body) if isinstance(s, Store) and s.array == array]
         indices += [e.index for s in walk(body) for x in stmt_exprs(s)
                     for e in S.subexpressions(x) if isinstance(e, S.Access) and e.array == array]
-        if not set.intersection(*({p for p, i in enumerate(index) if i == loop.var}
+        if not set.intersection(*({(p, i) for p, i in enumerate(index) if _steps(i, loop.var)}
                                   for index in indices)):
-            raise ScheduleError(f"{transform}: {array} is not indexed by {transform.loop} at "
+            raise ScheduleError(f"{transform}: {array} is not indexed by {loop.var} at "
                                 "one position in every store and read: iterations would share "
                                 "its elements")
+
+
+def _steps(index, var) -> bool:
+    """Whether index is var times a nonzero number plus terms free of var."""
+    slope = sympy.diff(index, var)
+    return slope.is_Number and slope != 0
 
 
 @dataclass(frozen=True)
