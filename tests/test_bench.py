@@ -201,3 +201,14 @@ def test_restrict_ablation_compares_machine_code(session_build_dir):
     naive, dnf = (languages._disassembly(build.build_c(emit("rmsnorm_fwd", v, "c"), f"rmsnorm_fwd_{v}"))
                   for v in ("naive", "dnf"))
     assert naive != dnf
+
+
+def test_the_baselines_that_run_are_chosen():
+    """At long lengths numpy's attention takes minutes a call: torch alone, or none."""
+    def baselines(names):
+        jobs = suite.plan(["rmsnorm_fwd:dnf"], ["c"], [1], lengths=[64], baselines=names)
+        return [impl[0] for job in jobs for group in job.groups for impl in group["impls"]
+                if impl[0] in cases.BASELINES]
+    assert baselines(cases.BASELINES) == ["numpy", "torch"]
+    assert baselines(("torch",)) == ["torch"]
+    assert baselines(()) == []

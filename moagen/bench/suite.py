@@ -20,11 +20,13 @@ def thread_counts(cores: int):
     return counts + [cores]
 
 
-def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, baselines=True,
-         choices=None, sizes=None):
+def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
+         baselines=cases.BASELINES, choices=None, sizes=None):
     """The jobs, every name checked before anything runs. choices: this machine's tuned
     schedule parameters (moagen.bench.tune); a variant without one runs its defaults.
-    sizes: sizes other than n set for every kernel that has them (heads=8, d=128)."""
+    sizes: sizes other than n set for every kernel that has them (heads=8, d=128).
+    baselines: which of numpy and torch run next to ours (at long lengths numpy's
+    attention takes minutes a call)."""
     from moagen.bench.tune import chosen
     from moagen.kernels import KERNELS
 
@@ -38,7 +40,7 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None, ba
             group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n, sizes))
             ours.append(dict(group, impls=[[lang, v, chosen(choices or {}, kernel, v, lang, dtype)]
                                            for lang in langs for v in names]))
-            theirs.append(dict(group, impls=[[b, None] for b in cases.BASELINES]))
+            theirs.append(dict(group, impls=[[b, None] for b in baselines]))
     repeats = 3 if quick else 5
     # The roof, our kernels and the baselines each in a process of their own: OpenMP, BLAS
     # and PyTorch keep thread pools of their own whose idle threads spin for a while, and
@@ -56,7 +58,8 @@ def main(args):
     threads = args.threads or ([cores] if args.quick else thread_counts(cores))
     from moagen.bench.tune import load_choices
     jobs = plan(args.kernels, args.lang or ["c", "fortran"], threads, args.dtype, args.quick, args.n,
-                choices={} if args.untuned else load_choices(args.tuning), sizes=dict(args.size))
+                baselines=args.baselines, choices={} if args.untuned else load_choices(args.tuning),
+                sizes=dict(args.size))
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(jobs, results)
     summary = report.write(args.out, run=results.run_id)
