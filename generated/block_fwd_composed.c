@@ -1658,7 +1658,7 @@ void block_fwd_composed_f64(
      *                    )
      *                )
      */
-    #pragma omp parallel for collapse(3) schedule(static)
+    #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {
@@ -3739,7 +3739,7 @@ void block_fwd_composed_f32(
      *                    )
      *                )
      */
-    #pragma omp parallel for collapse(3) schedule(static)
+    #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             for (int64_t i_tile = 0; i_tile < ((n) / 4); ++i_tile) {

@@ -867,7 +867,7 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
     !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
     !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
     !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &
@@ -3074,7 +3074,7 @@ contains
     !                        )
     !                    )
     !                )
-    !$omp parallel do collapse(3) schedule(static) private(c, j_blk, j, j_tile, row_max_0, &
+    !$omp parallel do collapse(3) schedule(static, 1) private(c, j_blk, j, j_tile, row_max_0, &
     !$omp& row_max_1, row_max_2, row_max_3, row_sum_0, row_sum_1, row_sum_2, row_sum_3, qk_0, &
     !$omp& qk_1, qk_2, qk_3, block_max_0, block_max_1, block_max_2, block_max_3, new_max_0, &
     !$omp& new_max_1, new_max_2, new_max_3, rescale_0, rescale_1, rescale_2, rescale_3, &

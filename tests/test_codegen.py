@@ -5,7 +5,7 @@ import re
 import pytest
 
 from moagen import build
-from moagen.codegen.emit import LANGS, emit, filename, stem
+from moagen.codegen.emit import LANGS, emit, filename, onf_of, stem
 from moagen.codegen.fortran import FortranPrinter
 from moagen.build import CUDA_ARCHS
 from moagen.cli import GENERATED
@@ -14,6 +14,7 @@ from moagen.kernels import KERNELS
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, inner, transpose
 from moagen.moa.spec import KernelSpec, Output
+from moagen.onf.loops import format_onf
 from moagen.onf.realize import realize
 
 VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants]
@@ -55,6 +56,20 @@ def test_each_nest_carries_its_dnf_line_and_parallel_loop():
         text = emit("attention_fwd", "dnf", lang)
         assert text.count(pragma) == 2  # one per dtype
         assert "O[b, h, i, c] = sum[j < n](" in text
+
+
+def test_interleaved_parallel_loops_deal_iterations_in_turn():
+    """Online attention's row groups go to the threads one at a time (they share a head's
+    keys in cache); its edge nest and other kernels keep a block per thread."""
+    for lang, pragma in (("c", "#pragma omp parallel for collapse(3) schedule("),
+                         ("fortran", "!$omp parallel do collapse(3) schedule(")):
+        text = emit("attention_fwd", "online", lang)
+        schedules = re.findall(re.escape(pragma) + r"([^)]*)\)", text)
+        assert schedules == ["static, 1", "static"] * 2  # rows, rows.edge; per dtype
+        assert "static, 1" not in emit("attention_fwd", "dnf", lang)
+    dump = format_onf(onf_of("attention_fwd", "online"))
+    assert "parallel(b, h, i_tile, interleaved, nest=rows)" in dump
+    assert dump.count("parallel(3, interleaved) for b") == 1
 
 
 def test_c_max_is_an_inline_comparison_and_cuda_keeps_fmax():

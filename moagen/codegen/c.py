@@ -3,7 +3,7 @@ import math
 
 from sympy.printing.c import C99CodePrinter
 
-from moagen.codegen.printer import Printer, render
+from moagen.codegen.printer import Printer, omp_schedule, render
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, stmt_exprs, walk
@@ -81,8 +81,8 @@ class CPrinter(Printer):
         v = loop.var
         head = (f"for (int64_t {v} = {self.index(loop.start)}; {v} < {self.index(loop.stop)}; "
                 f"++{v}) {{")
-        pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) schedule(static)"]
-                  if loop.parallel else [])
+        pragma = ([f"{pad}#pragma omp parallel for collapse({loop.parallel}) "
+                   f"schedule({omp_schedule(loop)})"] if loop.parallel else [])
         if loop.simd:
             pragma.append(f"{pad}#pragma omp simd{simd_clauses(loop)}")
         return pragma + [pad + head] + self.block(loop.body, depth + 1) + [pad + "}"]

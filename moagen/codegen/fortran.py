@@ -5,7 +5,7 @@ import math
 
 from sympy.printing.fortran import FCodePrinter
 
-from moagen.codegen.printer import Printer, render
+from moagen.codegen.printer import Printer, omp_schedule, render
 from moagen.errors import ScheduleError, SpecError
 from moagen.onf.loops import Loop, parallel_chain, walk
 from moagen.onf.simd import simd_clauses
@@ -83,7 +83,8 @@ class FortranPrinter(Printer):
         private = (self.loop_vars_in(inner.body) + self.quotients_in(inner.body)
                    + self.locals_in(inner.body))
         clause = f" private({', '.join(private)})" if private else ""
-        return ([f"{pad}!$omp parallel do collapse({loop.parallel}) schedule(static){clause}",
+        return ([f"{pad}!$omp parallel do collapse({loop.parallel}) "
+                 f"schedule({omp_schedule(loop)}){clause}",
                  pad + head] + self.block(loop.body, depth + 1)
                 + [pad + "end do", f"{pad}!$omp end parallel do"])
 

@@ -20,6 +20,12 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                           trim_blocks=True, lstrip_blocks=True)
 
 
+def omp_schedule(loop) -> str:
+    """A parallel loop's OpenMP schedule (C and Fortran): a block of iterations per thread,
+    or the iterations dealt to the threads one at a time."""
+    return "static, 1" if loop.interleave else "static"
+
+
 def render(template: str, **context) -> str:
     return _env.get_template(template).render(**context)
 

@@ -56,11 +56,13 @@ def _online(rows, keys):
     """One pass over the keys, in blocks, with a running max and sum rescaling the output;
     `rows` query rows walk the keys together (each key and value row loaded once for all),
     and add `keys` value rows at a time into their output rows (each output element loaded
-    and stored once per `keys` terms)."""
+    and stored once per `keys` terms). The threads take the row groups in turn: they walk
+    one head's keys at the same time, so the last-level cache holds one head's K and V, not
+    one per thread (float64, d 128, n 8192: 16 MiB a head, 32 MiB for two)."""
     return (Accumulate("c", over="j", nest="O"),
             FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
             OnlineSoftmax("rows", block=KEY_BLOCK), *keys_summed("rows", keys),
-            *rows_together("rows", ROWS, rows))
+            *rows_together("rows", ROWS, rows, interleave=True))
 
 
 VARIANTS = {

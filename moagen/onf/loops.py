@@ -27,6 +27,9 @@ class Loop(Stmt):
     stop: sympy.Expr
     body: Tuple[Stmt, ...]
     parallel: int = 0  # >0: this loop and the (parallel - 1) loops nested in it run in parallel
+    # a parallel loop's iterations go to the threads in turn, one at a time (OpenMP static
+    # chunks of 1), where by default each thread takes one contiguous block of them
+    interleave: bool = False
     # the body is already vector code (a register tile's columns): the compiler's loop
     # vectorizer must not vectorize this loop across its iterations instead
     vector_tile: bool = False
@@ -235,7 +238,8 @@ def _format_block(stmts, depth):
     out = []
     for s in stmts:
         if isinstance(s, Loop):
-            mark = (f"parallel({s.parallel}) " if s.parallel else "") + \
+            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}) "
+                    if s.parallel else "") + \
                 ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")
             out += _format_block(s.body, depth + 1)

@@ -283,12 +283,17 @@ class Reorder(Transform):
 class Parallel(Transform):
     """Run the outermost perfectly nested loops `vars` in parallel (an OpenMP `collapse`
     on the CPU, one GPU thread per iteration in CUDA). Legal only when every store inside
-    is indexed by all of them and no local defined outside them is updated inside."""
+    is indexed by all of them and no local defined outside them is updated inside.
+    interleave: the CPU threads take the iterations in turn rather than a block each, so
+    that they work on neighbouring iterations at the same time (attention's query row
+    groups of one head: the threads share that head's keys in the last-level cache)."""
     vars: Tuple[str, ...]
     nest: Optional[str] = None
+    interleave: bool = False
 
     def __str__(self):
-        return f"parallel({', '.join(self.vars)}{self._on()})"
+        turns = ", interleaved" if self.interleave else ""
+        return f"parallel({', '.join(self.vars)}{turns}{self._on()})"
 
     def nest_fn(self, nest, names):
         chain = perfect_chain(nest.body, len(self.vars))
@@ -309,7 +314,7 @@ class Parallel(Transform):
                                         f"{', '.join(missing)}: parallel iterations would race")
             if isinstance(s, Update) and s.name not in lets:
                 raise ScheduleError(f"{self}: {s.name} is shared by parallel iterations")
-        return (replace(chain[0], parallel=len(chain)),)
+        return (replace(chain[0], parallel=len(chain), interleave=self.interleave),)
 
 
 def _block_owner(loop):

@@ -83,17 +83,19 @@ def outer_loop(transform, stmts, var):
     return chain[:names.index(var)], loop
 
 
-def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = None) -> Tuple:
+def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = None,
+                  interleave: bool = False) -> Tuple:
     """The steps that run the loops `parallel` of a nest in parallel with `rows` iterations
     of one of them (`loop`, by default the last) unrolled and jammed, and its edge nest
-    parallel as the nest was; rows = 1: the loops in parallel, as they are."""
+    parallel as the nest was; rows = 1: the loops in parallel, as they are. interleave:
+    the nest's iterations dealt to the threads in turn (Parallel)."""
     if rows < 1:
         raise ScheduleError(f"{nest}: {rows} rows together: there must be at least one")
     if rows == 1:
-        return (Parallel(parallel, nest=nest),)
+        return (Parallel(parallel, nest=nest, interleave=interleave),)
     loop = loop or parallel[-1]
     tiled = tuple(f"{v}_tile" if v == loop else v for v in parallel)
-    return (UnrollJam(nest, loop, rows), Parallel(tiled, nest=nest),
+    return (UnrollJam(nest, loop, rows), Parallel(tiled, nest=nest, interleave=interleave),
             Parallel(parallel, nest=f"{nest}.edge"))
 
 
