@@ -65,3 +65,18 @@ def test_a_choice_for_parameters_the_variant_no_longer_has_is_left_out(capsys):
         capsys.readouterr().err
     assert tune.chosen(stale, "mlp_fwd", "tiled", "c", "float64") == \
         {"mr": 4, "nr": 8, "row_block": 0}
+
+
+def test_a_choice_is_kept_per_sizes_set_and_found_for_the_nearest():
+    """Tuned at d=128 (and heads=8): used there; at other sizes the choice tuned with fewer
+    of the sizes given is used; sizes a kernel does not have do not count."""
+    plain = {"params": {"rows": 4, "keys": 4}}
+    wide = {"params": {"rows": 8, "keys": 2}}
+    key = "attention_fwd:online:c:float64"
+    choices = {key: plain, key + "@d=128,heads=8": wide}
+    pick = lambda sizes: tune.chosen(choices, "attention_fwd", "online", "c", "float64", sizes)
+    assert pick({"heads": 8, "d": 128}) == wide["params"]
+    assert pick({"heads": 8, "d": 128, "dff": 1408}) == wide["params"]  # no dff in attention
+    assert pick({"heads": 8, "d": 64}) == pick({}) == pick(None) == plain["params"]
+    assert tune._key("attention_fwd", "online", "c", "float64", {"heads": 8, "d": 128}) == \
+        key + "@d=128,heads=8"

@@ -22,6 +22,11 @@ def sizes(kernel: str, n: int, overrides=None) -> dict:
     return {k: (overrides or {}).get(k, v) for k, v in base.items()}
 
 
+def overridden(kernel: str, overrides) -> dict:
+    """The overrides of sizes this kernel has (--size heads=8 means nothing to RMSNorm)."""
+    return {k: v for k, v in (overrides or {}).items() if k in _layer_sizes(kernel, 1)}
+
+
 def _layer_sizes(kernel: str, n: int) -> dict:
     if kernel.startswith("attention_decode"):
         return dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)

@@ -38,7 +38,8 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
     for kernel, names in variants.items():
         for n in lengths or cases.lengths(kernel, quick):
             group = dict(kernel=kernel, dtype=dtype, sizes=cases.sizes(kernel, n, sizes))
-            ours.append(dict(group, impls=[[lang, v, chosen(choices or {}, kernel, v, lang, dtype)]
+            ours.append(dict(group, impls=[[lang, v, chosen(choices or {}, kernel, v, lang, dtype,
+                                                            sizes)]
                                            for lang in langs for v in names]))
             theirs.append(dict(group, impls=[[b, None] for b in baselines]))
     repeats = 3 if quick else 5

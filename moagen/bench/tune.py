@@ -3,8 +3,9 @@ together) chosen on this machine by a small search. Every candidate in the varia
 (the product of its parameters' values) is built, verified against the references at sizes
 that cut its tiles, and timed on the same inputs, round-robin (moagen.bench.timing); the
 smallest median wins. The choice, every candidate's time,
-the sizes, threads and machine go to a tuning file; `moagen bench` runs each variant with
-this machine's choice and records the parameters it ran with in every result."""
+the sizes, threads and machine go to a tuning file, under the sizes set with --size;
+`moagen bench` runs each variant with this machine's choice for the sizes it runs (or for
+as many of them as were tuned) and records the parameters it ran with in every result."""
 import itertools
 import json
 import os
@@ -55,6 +56,7 @@ def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: in
              for p, s in zip(tried, stats)]
     best = min(times, key=lambda t: t["median_s"])
     return dict(kernel=kernel, variant=variant, lang=lang, dtype=dtype, sizes=sizes,
+                overrides=cases.overridden(kernel, overrides),
                 threads=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())),
                 params=best["params"], defaults=dict(v.defaults), candidates=times)
 
@@ -73,8 +75,11 @@ def verify(kernel, variant, lang, dtype, params):
                               f"references:\n{format_row(row)}")
 
 
-def _key(kernel, variant, lang, dtype):
-    return f"{kernel}:{variant}:{lang}:{dtype}"
+def _key(kernel, variant, lang, dtype, overrides=None):
+    """A choice's key: the variant, language and dtype, and the sizes set with --size when
+    it was tuned (heads=8, d=128: a tile good at d 64 need not be at d 128)."""
+    shape = ",".join(f"{k}={v}" for k, v in sorted((overrides or {}).items()))
+    return f"{kernel}:{variant}:{lang}:{dtype}" + (f"@{shape}" if shape else "")
 
 
 def load_choices(path=DEFAULT_FILE) -> dict:
@@ -89,13 +94,18 @@ def load_choices(path=DEFAULT_FILE) -> dict:
     return machines.get(machine_key(), {})
 
 
-def chosen(choices: dict, kernel, variant, lang, dtype):
-    """The parameters tuned for this kernel variant, or None (the defaults). A choice made
-    for other parameters than the variant has now (its schedule changed since) is stale:
-    it is left out, with a warning."""
+def chosen(choices: dict, kernel, variant, lang, dtype, overrides=None):
+    """The parameters tuned for this kernel variant at the sizes set with --size, or at as
+    many of them as a choice was tuned for (d=128, heads=8; else heads=8 or d=128; else
+    none), or None (the defaults). A choice made for other parameters than the variant has
+    now (its schedule changed since) is stale: it is left out, with a warning."""
     from moagen.kernels import get_kernel
 
-    record = choices.get(_key(kernel, variant, lang, dtype))
+    given = sorted(cases.overridden(kernel, overrides).items())
+    subsets = (dict(s) for k in range(len(given), -1, -1)
+               for s in itertools.combinations(given, k))
+    record = next((choices[key] for key in (_key(kernel, variant, lang, dtype, s)
+                                            for s in subsets) if key in choices), None)
     if not record:
         return None
     if set(record["params"]) != set(get_kernel(kernel).variant(variant).defaults):
@@ -112,7 +122,7 @@ def save(records, path=DEFAULT_FILE):
     machines = json.loads(path.read_text()) if path.exists() else {}
     mine = machines.setdefault(machine_key(), {})
     for r in records:
-        mine[_key(r["kernel"], r["variant"], r["lang"], r["dtype"])] = r
+        mine[_key(r["kernel"], r["variant"], r["lang"], r["dtype"], r.get("overrides"))] = r
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
 
