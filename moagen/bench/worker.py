@@ -14,18 +14,16 @@ is only meaningful against a triad measured alongside.
 import json
 import sys
 
-from moagen.bench import cases
+from moagen.bench import cases, roof
 from moagen.bench.timing import time_calls
 
 
 def run(job):
     if job.get("roof"):
-        from moagen.bench import roof
         _emit(dict(record="roof", **roof.measure(quick=job.get("quick", False))))
     empty = _allocator(job.get("touch", "serial"))
     triad = None
     if job.get("triad_in_rounds"):
-        from moagen.bench import roof
         triad, triad_bytes = roof.triad_call(roof.triad_elements(job.get("quick", False)))
     for group in job["groups"]:
         kernel, dtype, sizes = group["kernel"], group["dtype"], group["sizes"]
