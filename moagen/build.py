@@ -45,6 +45,14 @@ def _libmvec():
 
 LIBMVEC = _libmvec()
 
+# A sum marked `omp simd reduction` may already be reordered; without leave to reassociate,
+# gcc and gfortran 12 still end each one by storing the vector accumulator and adding its
+# lanes one at a time through the stack (perf annotate: 8 dependent vaddss per dot product).
+# With it, the lanes are added in a short tree in registers: attention_fwd online, float64,
+# d 64, n 1024, 2 threads, 71-83 ms against 95-99 ms. Reassociation moves sums by rounding
+# only; infinities and NaNs keep their meaning (no -ffinite-math-only).
+REASSOCIATE = ("-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
+
 
 def _env(name, default):
     return lambda: os.environ.get(name, default)
@@ -66,11 +74,13 @@ class Toolchain:
         # without it exp is a pure function gcc may vectorize, as gfortran does.
         default_factory=_env_flags("MOAGEN_CFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC",
                                                      "-std=c99", "-ffp-contract=fast",
-                                                     "-fno-math-errno") + LIBMVEC[0]))
+                                                     "-fno-math-errno", *REASSOCIATE)
+                                   + LIBMVEC[0]))
     cldflags: tuple = ("-shared", "-lm") + LIBMVEC[1]
     fc: str = field(default_factory=_env("FC", "gfortran"))
     fflags: tuple = field(
-        default_factory=_env_flags("MOAGEN_FFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC")))
+        default_factory=_env_flags("MOAGEN_FFLAGS", ("-O3", "-march=native", "-fopenmp", "-fPIC",
+                                                     *REASSOCIATE)))
     fldflags: tuple = ("-lgomp",)  # the f2py extension links the OpenMP runtime itself
     nvcc: str = field(default_factory=_env("NVCC", "nvcc"))
     nvccflags: tuple = field(default_factory=_env_flags("MOAGEN_NVCCFLAGS", ("-O3",)))
