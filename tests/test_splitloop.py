@@ -60,8 +60,8 @@ def test_members_of_a_group_jam_and_share_its_read(heads, groups):
 
 
 def test_jamming_refuses_an_array_read_at_another_members_element():
-    """w[h + 1] next to y[h]: fine to split, but copies of r would not own their elements if
-    y were read so; here y is stored at r's index and read at another one."""
+    """y read at h + 1 beside its store at h: jammed copies would not own their elements, so
+    UnrollJam refuses; SplitLoop refuses a loop the nest's loops do not lead down to."""
     grouped = _grouped()
     value = S.Bin("+", grouped.nests[0].body[0].body[0].value, S.Access("y", (h + 1,)))
     nest = Nest("y", (Loop(h, sympy.Integer(0), H - 1, (Store("y", (h,), value),)),), "y")
