@@ -16,6 +16,7 @@ from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.interpret import index_fn
 from moagen.onf.loops import Let, Loop, Store, Update, walk
 from moagen.onf.online import OnlineSoftmax
+from moagen.onf.partials import PartBuffers
 from moagen.onf.realize import initial_onf
 from moagen.onf.schedule import Accumulate, Hoist
 
@@ -118,19 +119,53 @@ def test_no_other_variant_has_atomic_updates(kernel, variant):
 # ---- reproducibility -------------------------------------------------------------------
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
-@pytest.mark.parametrize("kernel", ["attention_fwdbwd", "attention_fwdbwd_causal"])
-def test_owner_variant_is_bitwise_reproducible(kernel, lang, session_build_dir):
+@pytest.mark.parametrize("kernel, params", [("attention_fwdbwd", None),
+                                            ("attention_fwdbwd_causal", None),
+                                            ("attention_fwdbwd", {"parts": 2})])
+def test_owner_variant_is_bitwise_reproducible(kernel, params, lang, session_build_dir):
     """Each output element of the owner variant is accumulated by one thread, in a fixed
     loop order, with no atomics: with the same thread count (OpenMP's default here) and
     the same inputs, every run performs the same floating-point operations in the same
-    order, so the results are identical bit for bit."""
-    fn = runtime.load(kernel, "owner", lang, "float64")
+    order, so the results are identical bit for bit. With parts, dQ's parts are each one
+    thread's and are summed in a fixed order."""
+    fn = runtime.load(kernel, "owner", lang, "float64", params)
     rng = np.random.default_rng(3)
     Q, K, V, dO = (rng.standard_normal((1, 2, 67, 16)) for _ in range(4))
     first, *others = [fn(Q, K, V, dO, scale=0.25) for _ in range(3)]
     assert len(first) == 5
     for outputs in others:
         assert all(np.array_equal(a, b) for a, b in zip(first, outputs))
+
+
+# ---- the owner's dQ from the key rows' pass (parts) -------------------------------------
+
+def test_owner_parts_take_dq_from_the_key_rows_pass():
+    """With parts there is no pass over query rows for dQ: the key rows' pass adds dS K into
+    dQ's parts from the dS that dK uses, so the backward takes one exponential per score
+    where it took two (the dQ pass's and the key rows'), and the merge sums the parts."""
+    from moagen.cost.flops import count_ops
+    from moagen.cost.view import counting_view
+    plain, parts = (onf_of("attention_fwdbwd", "owner", params={"parts": p}) for p in (0, 2))
+    assert [n.label for n in parts.nests] == ["forward", "forward.edge", "dQ.zero", "keys",
+                                              "keys.edge", "dQ.merge"]
+    assert "dQ" in [n.label for n in plain.nests]
+    stored = {s.array for n in parts.nests if n.label.startswith("keys")
+              for s in walk(n.body) if isinstance(s, Store)}
+    assert {"dK", "dV", "dQ_part"} <= stored and "dQ" not in stored
+    exps = [count_ops(counting_view(onf).nests)["exp"] for onf in (plain, parts)]
+    size = _sizes(parts)
+    for n in (64, 1000):  # the parts' lengths are Min of sizes: counted at numbers
+        at = {size["batch"]: 2, size["heads"]: 3, size["n"]: n}
+        assert (exps[0] - exps[1]).subs(at) == 2 * 3 * n * n
+
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+def test_owner_parts_match_the_references(lang, session_build_dir):
+    """Four parts at the verification sizes: n = 1 leaves parts empty, n = 7 and 257 cut
+    the parts, rows and keys unevenly."""
+    from moagen.bench.tune import verify
+    for dtype in ("float64", "float32"):
+        verify("attention_fwdbwd", "owner", lang, dtype, {"parts": 4, "rows": 4, "keys": 2})
 
 
 # ---- the multi-nest transforms refuse what they cannot do ------------------------------
@@ -167,6 +202,15 @@ ROWS = ("b", "h", "i")
     # the pattern is there, but the loop stores probabilities instead of accumulating
     ("attention_fwd", "naive", [Hoist(), OnlineSoftmax("probs")],
      "a store in the fused loop does not accumulate a sum"),
+    # parts of a sum need the zero nest Scatter leaves
+    ("attention_fwdbwd", "owner", [PartBuffers("dQ", "i", "dQ", 2)], "has no nest 'dQ.zero'"),
+    ("attention_fwdbwd", "owner", [Scatter("dQ", over="j", outer=("b", "h")),
+                                   PartBuffers("dQ", "j", "dQ", 0)],
+     "the number of parts must be at least 1"),
+    # dK's loop over its rows j adds nothing into dQ
+    ("attention_fwdbwd", "owner", [Scatter("dQ", over="j", outer=("b", "h")),
+                                   PartBuffers("dK", "j", "dQ", 2)],
+     "nest dK does not only add into dQ in its loop over j"),
 ])
 def test_multi_nest_transforms_that_cannot_apply_raise(kernel, variant, schedule, words):
     onf = _initial(kernel, variant)

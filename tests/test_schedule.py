@@ -84,6 +84,11 @@ PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
                     {"eps": 0.1}, _rmsnorm_reference),
 }
 VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants]
+# and schedules the defaults do not take: the owner's dQ added from the key rows' pass, in
+# two parts and in four (n = 5: parts of two keys and of one), rows and keys cutting them
+SCHEDULES = [(k, v, None) for k, v in VARIANTS] + [
+    ("attention_fwdbwd", "owner", {"parts": 2}),
+    ("attention_fwdbwd", "owner", {"parts": 4, "rows": 2, "keys": 2})]
 
 
 @lru_cache(maxsize=None)
@@ -118,19 +123,19 @@ def _scheduled(kernel, variant):
 
 # ---- every stage of every variant ------------------------------------------------------
 
-@pytest.mark.parametrize("kernel, variant", VARIANTS)
-def test_every_stage_keeps_the_value(kernel, variant):
+@pytest.mark.parametrize("kernel, variant, params", SCHEDULES)
+def test_every_stage_keeps_the_value(kernel, variant, params):
     onf = initial_onf(_dnf(kernel, variant), variant)
     base = _run(kernel, onf)
     _assert_same(base, _expected(kernel), rtol=1e-12)
     stages = []
-    for transform in get_kernel(kernel).variant(variant).schedule():
+    schedule = get_kernel(kernel).variant(variant).schedule(params)
+    for transform in schedule:
         onf = transform(onf)
         stages.append((str(transform), onf))
     onf = lower_reductions(onf)
     stages.append(("lower_reductions", onf))
     stages.append(("apply_layout", apply_layout(onf)))
-    schedule = get_kernel(kernel).variant(variant).schedule()
     for layout in ("row", "col"):
         stages.append((f"realize {layout}", realize(_dnf(kernel, variant), variant, schedule,
                                                     layout)))
@@ -358,3 +363,28 @@ def test_transformations_on_hand_built_nests_that_cannot_apply_raise(onf, transf
     with pytest.raises(ScheduleError) as info:
         transform(onf)
     assert words in str(info.value)
+
+
+# ---- sibling fusion --------------------------------------------------------------------
+
+def _loop_to_n(var, *body):
+    return Loop(sym(var), sympy.Integer(0), sym("n"), tuple(body))
+
+
+def _add_at_k(array, value):
+    return Store(array, (sym("k"),), value, accumulate="+")
+
+
+def test_sibling_fusion_moves_the_earlier_loop_down_when_the_later_cannot_move_up():
+    """[for k: y += x;  for c: z = 0;  for k: z += x]: the second k loop reads z, zeroed
+    between them, so it cannot move up; the first touches nothing the zeroing does, so it
+    moves down: one k loop after the zeroing. Had the first read z, nothing fuses."""
+    from moagen.onf.fusion import fuse_siblings
+    x = S.Access("x", (sym("k"),))
+    first = _loop_to_n("k", _add_at_k("y", x))
+    zero = _loop_to_n("c", Store("z", (sym("c"),), S.Num(0.0)))
+    second = _loop_to_n("k", _add_at_k("z", x))
+    fused = _loop_to_n("k", first.body[0], second.body[0])
+    assert fuse_siblings((first, zero, second)) == (zero, fused)
+    reads_z = _loop_to_n("k", _add_at_k("y", S.Access("z", (sym("k"),))))
+    assert fuse_siblings((reads_z, zero, second)) == (reads_z, zero, second)

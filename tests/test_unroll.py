@@ -127,6 +127,40 @@ def test_summing_refuses_loops_whose_iterations_depend_on_each_other():
     assert keys_summed("y", 1) == ()
 
 
+def _keys_outside():
+    """y[i, c] = sum_j p[i, j] v[j, c] with the keys outside (the owner's key rows adding dS K
+    into dQ): every iteration of j adds into every row of y."""
+    zero = Nest("y", (Loop(I, sympy.Integer(0), N, (Loop(C, sympy.Integer(0), M, (
+        Store("y", (I, C), S.Num(0.0)),)),)),), "y = 0", "y.zero")
+    add = Loop(C, sympy.Integer(0), M, (Store("y", (I, C), S.Bin(
+        "*", S.Local("t"), S.Access("v", (J, C))), accumulate="+"),))
+    rows = Loop(I, sympy.Integer(0), N, (Let("t", S.Access("p", (I, J))), add))
+    return ONF("keys_outside", "test", (Buffer("p", (N, K)), Buffer("v", (K, M))),
+               (Buffer("y", (N, M)),), (), (N, K, M), (),
+               (zero, Nest("y", (Loop(J, sympy.Integer(0), K, (rows,)),), "y = p v", "sum")))
+
+
+@pytest.mark.parametrize("keys", [1, 3, 4, 10])
+def test_jammed_iterations_that_sum_into_one_array_add_into_each_element_once(keys):
+    onf = UnrollJam("sum", "j", 4)(_keys_outside())
+    tiled = onf.nests[1].body[0]
+    (add,) = [s for s in walk(tiled.body) if isinstance(s, Store)]
+    assert add.accumulate == "+" and _reads(add, "v") == 4
+    rng = np.random.default_rng(2)
+    p, v = rng.standard_normal((3, keys)), rng.standard_normal((keys, 5))
+    np.testing.assert_allclose(run_onf(onf, {"p": p, "v": v}, {})["y"], p @ v, rtol=1e-13)
+
+
+def test_jamming_refuses_iterations_that_read_what_they_sum_into():
+    onf = _keys_outside()
+    rows = onf.nests[1].body[0].body[0]
+    reads_y = replace(rows, body=rows.body + (Let("u", S.Access("y", (I, sympy.Integer(0)))),))
+    onf = onf.with_nests([onf.nests[0], replace(onf.nests[1], body=(
+        replace(onf.nests[1].body[0], body=(reads_y,)),))])
+    with pytest.raises(ScheduleError, match="reads y, which it sums into"):
+        UnrollJam("sum", "j", 2)(onf)
+
+
 def test_attention_adds_four_value_rows_at_a_time():
     onf = onf_of("attention_fwd", "online")
     tiled = next(s for s in walk(onf.nests[0].body) if isinstance(s, Loop) and

@@ -9,7 +9,12 @@ stored. Two ONFs of the same DNF:
   pass over query rows. No atomics at all, so the result does not depend on thread
   timing. Each pass walks the other side with a few rows at once (UnrollJam); the backward
   passes walk it by blocks of 64 rows (KeyBlocks), a block's probabilities one vector loop.
+  With parts > 0 (a schedule parameter; not causal) dQ has no pass of its own: the key
+  rows' pass adds dS K into one buffer per part of the keys, summed after (PartBuffers);
+  the number of parts, not of threads, fixes the order of the additions.
 """
+from functools import partial
+
 from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
 from moagen.kernels.tunable import Tunable
@@ -19,6 +24,7 @@ from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.partials import PartBuffers
 from moagen.onf.unroll import keys_summed, rows_together
 
 
@@ -47,23 +53,38 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows, keys, causal):
+def _owner(rows, keys, causal, parts=0):
     """The forward in one pass over blocks of keys (online softmax), the backward nests by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
     each of the three nests `rows` query (or key) rows walk the other side together; the
-    query rows' nests add `keys` of its rows at a time into theirs."""
-    steps = (Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+    query rows' nests add `keys` of its rows at a time into theirs.
+
+    parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
+    over keys, its dS shared with dK's), into one buffer per part of the keys of a head
+    (PartBuffers), summed after: six n x n x d products instead of nine, and the key rows'
+    pass runs in parallel over heads and parts rather than over key rows."""
+    steps = (Accumulate("c", over="j", nest="O"),
+             Scatter("dQ", over="j", outer=("b", "h")) if parts else
+             Accumulate("c", over="j", nest="dQ"),
              Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
              FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
-             FuseNests(("dK", "dV"), over=KEY_ROWS, name="keys"),
-             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK),
-             KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-    # causal, the key rows' pass runs over query rows from j on: its blocks do not start at
-    # multiples of `keys`, so there its additions are not grouped
-    for nest, parallel, summed, other in (
-            ("forward", QUERY_ROWS, keys, "j"), ("dQ", QUERY_ROWS, keys, "j"),
-            ("keys", KEY_ROWS, 1 if causal else keys, "i")):
-        steps += keys_summed(nest, summed, loop=other) + rows_together(nest, parallel, rows)
+             FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
+                       name="keys"),
+             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK))
+    if parts:
+        steps += (KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts),
+                  Parallel(("b", "h", "p"), nest="dQ.zero"), Parallel(QUERY_ROWS, nest="dQ.merge"))
+        passes = (("forward", QUERY_ROWS, keys, "j", None),
+                  ("keys", ("b", "h", "p"), keys, "i", "j_in"))
+    else:
+        steps += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
+        # causal, the key rows' pass runs over query rows from j on: its blocks do not start
+        # at multiples of `keys`, so there its additions are not grouped
+        passes = (("forward", QUERY_ROWS, keys, "j", None), ("dQ", QUERY_ROWS, keys, "j", None),
+                  ("keys", KEY_ROWS, 1 if causal else keys, "i", None))
+    for nest, parallel, summed, other, jammed in passes:
+        steps += keys_summed(nest, summed, loop=other) + \
+            rows_together(nest, parallel, rows, loop=jammed)
     return steps
 
 
@@ -77,10 +98,15 @@ ATOMIC = (frozenset(), (
 
 
 def variants(causal):
+    defaults, space = {"rows": 4, "keys": 4}, {"rows": (1, 2, 4, 8), "keys": (1, 2, 4)}
+    # causal, dQ's keys end at its row: no sum over every key to scatter. By default dQ keeps
+    # its pass (parts 0): on the GPU that pass runs a thread per query row, the parts only
+    # one per part of a head's keys
+    if not causal:
+        defaults, space = {**defaults, "parts": 0}, {**space, "parts": (0, 1, 2, 4)}
     return {"atomic": ATOMIC,
-            "owner": Tunable(frozenset({"delta"}), lambda rows, keys: _owner(rows, keys, causal),
-                             defaults={"rows": 4, "keys": 4},
-                             space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4)})}
+            "owner": Tunable(frozenset({"delta"}), partial(_owner, causal=causal),
+                             defaults=defaults, space=space)}
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

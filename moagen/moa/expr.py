@@ -37,6 +37,8 @@ class idiv(sympy.Function):
     def eval(cls, a, b):
         if a.is_Integer and b.is_Integer:  # numbers substituted in: evaluate
             return sympy.Integer(a // b)
+        if b == 1:
+            return a
 
 
 def divides(f: int, e) -> bool:

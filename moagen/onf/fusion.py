@@ -121,15 +121,21 @@ def _index_symbols(index):
 
 
 def fuse_siblings(block):
-    """Merge each loop into the nearest earlier sibling over the same range when neither
-    depends on the other nor on anything between them; then fuse inside the merged body."""
+    """Merge each loop with the nearest earlier sibling over the same range when neither
+    depends on the other, and one of them can move to the other past the statements between
+    them (it depends on none of them); then fuse inside the merged body."""
     out = []
     for s in block:
         target = _fusion_partner(out, s) if isinstance(s, Loop) else None
         if target is None:
             out.append(s)
+            continue
+        merged = replace(out[target], body=fuse_siblings(out[target].body + s.body))
+        if all(independent(s, x) for x in out[target + 1:]):
+            out[target] = merged  # s moves up
         else:
-            out[target] = replace(out[target], body=fuse_siblings(out[target].body + s.body))
+            del out[target]  # the earlier loop moves down to s (dQ's past dK's zeroing)
+            out.append(merged)
     return tuple(out)
 
 
@@ -137,10 +143,12 @@ def _fusion_partner(out, loop):
     for pos in range(len(out) - 1, -1, -1):
         other = out[pos]
         if (isinstance(other, Loop) and other.var == loop.var and other.start == loop.start
-                and other.stop == loop.stop and not other.parallel and not loop.parallel):
-            return pos if independent(other, loop) else None
-        if not independent(other, loop):
-            return None
+                and other.stop == loop.stop and not other.parallel and not loop.parallel
+                and independent(other, loop)):
+            between = out[pos + 1:]
+            if all(independent(loop, x) for x in between) or \
+                    all(independent(other, x) for x in between):
+                return pos
     return None
 
 

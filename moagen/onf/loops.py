@@ -202,6 +202,12 @@ def defined_names(stmts) -> frozenset:
     return frozenset(names)
 
 
+def arrays_read(stmts) -> set:
+    """The arrays the statements' expressions read."""
+    return {e.array for s in walk(stmts) for x in stmt_exprs(s)
+            for e in S.subexpressions(x) if isinstance(e, S.Access)}
+
+
 def local_names(onf: ONF) -> frozenset:
     return frozenset(s.name for n in onf.nests for s in walk(n.body) if isinstance(s, Let))
 

@@ -25,10 +25,11 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.fusion import as_block, fuse_siblings, independent
-from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, enclose, find_nest, loop_nest,
-                              perfect_chain, subs_stmts)
+from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose, find_nest,
+                              loop_nest, perfect_chain, subs_stmts, walk)
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
+from moagen.onf.unroll import outer_loop
 
 
 @dataclass(frozen=True)
@@ -109,3 +110,104 @@ class PartialSums:
                                     f"{other.label}: it cannot run inside the parts")
         return rows, subs_stmts(chain[-1].body, {lp.var: own.var
                                                  for lp, own in zip(chain, sum_loops)})
+
+
+@dataclass(frozen=True)
+class PartBuffers:
+    """A sum scattered over a loop (Scatter's atomic additions: the owner's dQ added from the
+    key rows' pass, `for b, h: for j: .. dQ[b, h, i, c] += ds K[j, c]`) computed in a fixed
+    number of parts of that loop, each adding into a buffer of its own:
+
+        zero         for outer..: for p: for ..: part[p, outer.., ..] = 0
+        nest         for outer..: for p in [0, parts):   (outer and p parallel: each owns a part)
+                         for j_in in [0, ceil((stop - p) / parts)): body(j = p + parts j_in)
+                                                         (its additions into part[p, ..])
+        merge        for ..: out[..] = sum_p part[p, ..]   (p = 0, 1, ... in order)
+
+    out's zero nest zeroes the parts instead, and the merge sets out after the nest. No
+    atomics, and the order of every addition is fixed by `parts`, not by the number of
+    threads. Part p takes every parts-th iteration from p on (the parts' lengths differ by
+    at most one), by a loop from 0 that UnrollJam can take.
+
+    Legal when the loop's iterations add into `out` and do not read it, the zero nest sets
+    every element (Scatter's), and no nest between the two touches `out`."""
+    nest: str
+    loop: str
+    array: str
+    parts: int
+
+    def __str__(self):
+        return f"part_buffers({self.nest}, {self.loop}, {self.array}, {self.parts})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.parts < 1:
+            raise ScheduleError(f"{self}: the number of parts must be at least 1")
+        nest = find_nest(onf, self.nest, self)
+        zero = find_nest(onf, f"{self.array}.zero", self)
+        outer, loop = outer_loop(self, nest.body, self.loop)
+        stores = lambda stmts: [s for s in walk(stmts)
+                                if isinstance(s, Store) and s.array == self.array]
+        adds = stores(loop.body)
+        if not adds or len(adds) != len(stores(nest.body)) or \
+                any(s.accumulate != "+" for s in adds) or self.array in arrays_read(nest.body):
+            raise ScheduleError(f"{self}: nest {self.nest} does not only add into "
+                                f"{self.array} in its loop over {self.loop}")
+        zero_loops, zero_store = self._zero(zero, outer)
+        first, last = onf.nests.index(zero), onf.nests.index(nest)
+        for other in onf.nests[first + 1:last]:
+            if not independent(as_block(zero), as_block(other)):
+                raise ScheduleError(f"{self}: nest {other.label} touches {self.array} between "
+                                    f"its zero nest and nest {self.nest}")
+
+        names = kernel_names(onf)
+        p = sympy.Symbol(names.claim(names.new("p")), integer=True)
+        j_in = sympy.Symbol(names.claim(names.new(f"{self.loop}_in")), integer=True)
+        part = names.claim(names.new(f"{self.array}_part"))
+        shape = next(b.shape for b in onf.outputs + onf.temps if b.name == self.array)
+        # part p takes every parts-th iteration from p on: its length is never negative
+        length = idiv(loop.stop - p + self.parts - 1, self.parts)
+        body = subs_stmts(loop.body, {loop.var: p + self.parts * j_in})
+        body = _into_part(body, self.array, part, p)
+        part_loop = Loop(p, sympy.Integer(0), sympy.Integer(self.parts), ())
+        parts = replace(part_loop, body=(Loop(j_in, sympy.Integer(0), length, body),))
+        # the parts zeroed in the loops that use them (first touch by the thread using them)
+        clear = replace(zero, body=enclose(
+            zero_loops[:len(outer)] + [part_loop] + zero_loops[len(outer):],
+            (replace(zero_store, array=part, index=(p,) + tuple(zero_store.index)),)))
+        total = S.Reduction("+", p, sympy.Integer(self.parts),
+                            S.Access(part, (p,) + tuple(zero_store.index)), f"{self.array}_sum")
+        merge = Nest(zero.target, enclose(zero_loops, (replace(zero_store, value=total),)),
+                     f"{self.array} = the sum of its {self.parts} parts",
+                     f"{self.array}.merge")
+        nests = []
+        for n in onf.nests:
+            if n is nest:
+                nests += [replace(n, body=enclose(outer, (parts,))), merge]
+            else:
+                nests.append(clear if n is zero else n)
+        return replace(onf.with_nests(nests, str(self)),
+                       temps=onf.temps + (Buffer(part, (sympy.Integer(self.parts),) + shape),))
+
+    def _zero(self, zero, outer):
+        """The zero nest's loops and store; its first loops must run as `outer` do."""
+        loops, stmts = loop_nest(zero.body)
+        store = stmts[0] if len(stmts) == 1 else None
+        if not isinstance(store, Store) or store.array != self.array or store.accumulate or \
+                store.value != S.Num(0.0) or len(loops) != len(store.index):
+            raise ScheduleError(f"{self}: nest {zero.label} is not loops around {self.array} = 0")
+        if [(z.start, z.stop) for z in loops[:len(outer)]] != [(o.start, o.stop) for o in outer]:
+            raise ScheduleError(f"{self}: nest {zero.label}'s outer loops run otherwise than "
+                                f"nest {self.nest}'s")
+        return loops, store
+
+
+def _into_part(stmts, array, part, p):
+    """stmts with their additions into array made, without atomics, into part p of it."""
+    out = []
+    for s in stmts:
+        if isinstance(s, Loop):
+            s = replace(s, body=_into_part(s.body, array, part, p))
+        elif isinstance(s, Store) and s.array == array:
+            s = replace(s, array=part, index=(p,) + tuple(s.index), atomic=False)
+        out.append(s)
+    return tuple(out)

@@ -13,7 +13,10 @@ their shared KV rows once.
 Legal when the iterations of i are independent: every array B stores is indexed by i at one
 position, in every store and every read of it (the locals are B's own: i is one of the
 perfectly nested loops a nest starts with). Jamming then only interleaves statements of
-different iterations, which touch different elements. The loops inside B may not depend on
+different iterations, which touch different elements. Or when they share only additions
+into an array they do not index and never read (UnrollSum's condition: the owner's key rows
+adding dS K into dQ's part): the copies' additions to one element are then merged into one
+addition of their sum, regrouped as UnrollSum regroups. The loops inside B may not depend on
 i: the copies share them."""
 from dataclasses import dataclass, replace
 from typing import Tuple
@@ -23,8 +26,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
-                              loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts, walk)
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
+                              find_nest, loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts,
+                              walk)
 from moagen.onf.names import Names
 from moagen.onf.reductions import lower_reductions
 from moagen.onf.schedule import Parallel, kernel_names
@@ -49,7 +53,11 @@ class UnrollJam:
         if any(n.label == edge_label for n in onf.nests):
             raise ScheduleError(f"{self}: {onf.name} already has a nest {edge_label}")
         outer, loop = outer_loop(self, nest.body, self.loop)
-        _check_independent(self, loop)
+        summed = summed_arrays(loop)
+        if summed:
+            check_sum_only(self, loop, summed)
+        else:
+            _check_independent(self, loop)
 
         names = kernel_names(onf)
         # a loop variable may repeat another nest's, never a local's or one of its own nest
@@ -59,13 +67,16 @@ class UnrollJam:
         copies = [_copy(loop.body, loop.var, self.factor * tile + u, u, names)
                   for u in range(self.factor)]
         full = idiv(loop.stop, self.factor)
-        tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full, _jam(self, copies)),))
+        jammed = _jam(self, copies)
+        tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full,
+                                     _merge_sums(jammed) if summed else jammed),))
         edge = enclose(outer, (replace(loop, start=self.factor * full),))
         nests = []
         for n in onf.nests:
             nests += [replace(n, body=tiles), Nest(n.target, edge, n.origin, edge_label)] \
                 if n is nest else [n]
         return onf.with_nests(nests, str(self))
+
 
 def outer_loop(transform, stmts, var):
     """(the loops around the one over var, outermost first; that loop), among the perfectly
@@ -234,8 +245,7 @@ def summed_arrays(loop):
 
 def check_sum_only(transform, loop, summed):
     """Refuses a loop whose iterations share anything but their additions to `summed`."""
-    reads = {e.array for s in walk(loop.body) for x in stmt_exprs(s)
-             for e in S.subexpressions(x) if isinstance(e, S.Access)}
+    reads = arrays_read(loop.body)
     if summed & reads:
         raise ScheduleError(f"{transform}: the loop reads {', '.join(sorted(summed & reads))}, "
                             "which it sums into: its iterations depend on each other")
