@@ -160,12 +160,13 @@ def test_owner_parts_take_dq_from_the_key_rows_pass():
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])
-def test_owner_parts_match_the_references(lang, session_build_dir):
+@pytest.mark.parametrize("kernel", ["attention_fwdbwd", "attention_fwdbwd_causal"])
+def test_owner_parts_match_the_references(kernel, lang, session_build_dir):
     """Four parts at the verification sizes: n = 1 leaves parts empty, n = 7 and 257 cut
     the parts, rows and keys unevenly."""
     from moagen.bench.tune import verify
     for dtype in ("float64", "float32"):
-        verify("attention_fwdbwd", "owner", lang, dtype, {"parts": 4, "rows": 4, "keys": 2})
+        verify(kernel, "owner", lang, dtype, {"parts": 4, "rows": 4, "keys": 2})
 
 
 # ---- the multi-nest transforms refuse what they cannot do ------------------------------

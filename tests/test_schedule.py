@@ -88,7 +88,8 @@ VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants]
 # two parts and in four (n = 5: parts of two keys and of one), rows and keys cutting them
 SCHEDULES = [(k, v, None) for k, v in VARIANTS] + [
     ("attention_fwdbwd", "owner", {"parts": 2}),
-    ("attention_fwdbwd", "owner", {"parts": 4, "rows": 2, "keys": 2})]
+    ("attention_fwdbwd", "owner", {"parts": 4, "rows": 2, "keys": 2}),
+    ("attention_fwdbwd_causal", "owner", {"parts": 2})]
 
 
 @lru_cache(maxsize=None)

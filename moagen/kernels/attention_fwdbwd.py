@@ -9,12 +9,10 @@ stored. Two ONFs of the same DNF:
   pass over query rows. No atomics at all, so the result does not depend on thread
   timing. Each pass walks the other side with a few rows at once (UnrollJam); the backward
   passes walk it by blocks of 64 rows (KeyBlocks), a block's probabilities one vector loop.
-  With parts > 0 (a schedule parameter; not causal) dQ has no pass of its own: the key
+  With parts > 0 (a schedule parameter) dQ has no pass of its own: the key
   rows' pass adds dS K into one buffer per part of the keys, summed after (PartBuffers);
   the number of parts, not of threads, fixes the order of the additions.
 """
-from functools import partial
-
 from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
 from moagen.kernels.tunable import Tunable
@@ -53,7 +51,7 @@ def spec(causal: bool) -> KernelSpec:
 QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
 
 
-def _owner(rows, keys, causal, parts=0):
+def _owner(rows, keys, parts):
     """The forward in one pass over blocks of keys (online softmax), the backward nests by
     blocks of the other side's rows (KeyBlocks: a block's probabilities one vector loop); in
     each of the three nests `rows` query (or key) rows walk the other side together; the
@@ -72,18 +70,16 @@ def _owner(rows, keys, causal, parts=0):
                        name="keys"),
              Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK))
     if parts:
+        key_rows = ("b", "h", "p")
         steps += (KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts),
-                  Parallel(("b", "h", "p"), nest="dQ.zero"), Parallel(QUERY_ROWS, nest="dQ.merge"))
-        passes = (("forward", QUERY_ROWS, keys, "j", None),
-                  ("keys", ("b", "h", "p"), keys, "i", "j_in"))
+                  Parallel(key_rows, nest="dQ.zero"), Parallel(QUERY_ROWS, nest="dQ.merge"))
+        passes = (("forward", QUERY_ROWS, "j", None), ("keys", key_rows, "i", "j_in"))
     else:
         steps += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-        # causal, the key rows' pass runs over query rows from j on: its blocks do not start
-        # at multiples of `keys`, so there its additions are not grouped
-        passes = (("forward", QUERY_ROWS, keys, "j", None), ("dQ", QUERY_ROWS, keys, "j", None),
-                  ("keys", KEY_ROWS, 1 if causal else keys, "i", None))
-    for nest, parallel, summed, other, jammed in passes:
-        steps += keys_summed(nest, summed, loop=other) + \
+        passes = (("forward", QUERY_ROWS, "j", None), ("dQ", QUERY_ROWS, "j", None),
+                  ("keys", KEY_ROWS, "i", None))
+    for nest, parallel, other, jammed in passes:
+        steps += keys_summed(nest, keys, loop=other) + \
             rows_together(nest, parallel, rows, loop=jammed)
     return steps
 
@@ -97,16 +93,14 @@ ATOMIC = (frozenset(), (
     Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero")))
 
 
-def variants(causal):
-    defaults, space = {"rows": 4, "keys": 4}, {"rows": (1, 2, 4, 8), "keys": (1, 2, 4)}
-    # causal, dQ's keys end at its row: no sum over every key to scatter. By default dQ keeps
-    # its pass (parts 0): on the GPU that pass runs a thread per query row, the parts only
-    # one per part of a head's keys
-    if not causal:
-        defaults, space = {**defaults, "parts": 0}, {**space, "parts": (0, 1, 2, 4)}
+def variants():
+    # by default dQ keeps its pass (parts 0): on the GPU that pass runs a thread per query
+    # row, the parts only one per part of a head's keys
     return {"atomic": ATOMIC,
-            "owner": Tunable(frozenset({"delta"}), partial(_owner, causal=causal),
-                             defaults=defaults, space=space)}
+            "owner": Tunable(frozenset({"delta"}), _owner,
+                             defaults={"rows": 4, "keys": 4, "parts": 0},
+                             space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4),
+                                    "parts": (0, 1, 2, 4)})}
 
 
-KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]
+KERNELS = [(spec(False), variants()), (spec(True), variants())]
