@@ -389,3 +389,35 @@ def test_sibling_fusion_moves_the_earlier_loop_down_when_the_later_cannot_move_u
     assert fuse_siblings((first, zero, second)) == (zero, fused)
     reads_z = _loop_to_n("k", _add_at_k("y", S.Access("z", (sym("k"),))))
     assert fuse_siblings((reads_z, zero, second)) == (reads_z, zero, second)
+
+
+# ---- loop distribution -----------------------------------------------------------------
+
+def test_distribution_gives_each_array_its_loop_and_keeps_the_value():
+    """for k: y += x; z += 2 x; y += z0  ->  for k: y += x; y += z0;  for k: z += 2 x,
+    each array's additions in their order; run by the interpreter against numpy. Additions
+    that read another's array are refused."""
+    from moagen.onf.schedule import Distribute
+    k, n = sym("k"), sym("n")
+    x = S.Access("x", (k,))
+    adds = (Store("y", (k,), x, accumulate="+"),
+            Store("z", (k,), S.Bin("*", S.Num(2.0), x), accumulate="+"),
+            Store("y", (k,), S.Access("w", (k,)), accumulate="+"))
+    zero = Loop(k, sympy.Integer(0), n, (Store("y", (k,), S.Num(0.0)),
+                                         Store("z", (k,), S.Num(0.0))))
+    nest = lambda body: Nest("y", (zero, Loop(k, sympy.Integer(0), n, body)), "y, z")
+    onf = ONF("two_sums", "test", (Buffer("x", (n,)), Buffer("w", (n,))),
+              (Buffer("y", (n,)), Buffer("z", (n,))), (), (n,), (), (nest(adds),))
+    split = Distribute("k")(onf)
+    loops = split.nests[0].body
+    # the zeroing stores are not additions: their loop stays whole
+    assert [[s.array for s in lp.body] for lp in loops] == [["y", "z"], ["y", "y"], ["z"]]
+    xs, ws = np.arange(5.0), np.linspace(1, 2, 5)
+    got = run_onf(split, {"x": xs, "w": ws}, {})
+    np.testing.assert_array_equal(got["y"], xs + ws)
+    np.testing.assert_array_equal(got["z"], 2 * xs)
+    reads_z = adds[:2] + (Store("y", (k,), S.Access("z", (k,)), accumulate="+"),)
+    with pytest.raises(ScheduleError, match="read each other's arrays"):
+        Distribute("k")(onf.with_nests([nest(reads_z)]))
+    with pytest.raises(ScheduleError, match="no loop over c"):
+        Distribute("c")(onf)

@@ -20,7 +20,7 @@ from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.online import OnlineSoftmax
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
+from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
 from moagen.onf.partials import PartBuffers
 from moagen.onf.unroll import keys_summed, rows_together
@@ -81,7 +81,8 @@ def _owner(rows, keys, parts):
     for nest, parallel, other, jammed in passes:
         steps += keys_summed(nest, keys, loop=other) + \
             rows_together(nest, parallel, rows, loop=jammed)
-    return steps
+    # the key rows' additions into dK, dV (and dQ's part) a loop each
+    return steps + (Distribute("c"),)
 
 
 ATOMIC = (frozenset(), (

@@ -170,7 +170,8 @@ class PartBuffers:
         body = _into_part(body, self.array, part, p)
         part_loop = Loop(p, sympy.Integer(0), sympy.Integer(self.parts), ())
         parts = replace(part_loop, body=(Loop(j_in, sympy.Integer(0), length, body),))
-        # the parts zeroed in the loops that use them (first touch by the thread using them)
+        # the parts zeroed over the nest's outer loops and p: run in parallel as the nest is,
+        # each part is first touched by the thread that adds into it
         clear = replace(zero, body=enclose(
             zero_loops[:len(outer)] + [part_loop] + zero_loops[len(outer):],
             (replace(zero_store, array=part, index=(p,) + tuple(zero_store.index)),)))
