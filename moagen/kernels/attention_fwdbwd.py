@@ -94,14 +94,13 @@ ATOMIC = (frozenset(), (
     Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero")))
 
 
-def variants():
-    # by default dQ keeps its pass (parts 0): on the GPU that pass runs a thread per query
-    # row, the parts only one per part of a head's keys
-    return {"atomic": ATOMIC,
+# by default dQ keeps its pass (parts 0): on the GPU that pass runs a thread per query row,
+# the parts only one per part of a head's keys
+VARIANTS = {"atomic": ATOMIC,
             "owner": Tunable(frozenset({"delta"}), _owner,
                              defaults={"rows": 4, "keys": 4, "parts": 0},
                              space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4),
                                     "parts": (0, 1, 2, 4)})}
 
 
-KERNELS = [(spec(False), variants()), (spec(True), variants())]
+KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -126,13 +126,13 @@ def fuse_siblings(block):
     them (it depends on none of them); then fuse inside the merged body."""
     out = []
     for s in block:
-        target = _fusion_partner(out, s) if isinstance(s, Loop) else None
+        target, moves_up = _fusion_partner(out, s) if isinstance(s, Loop) else (None, False)
         if target is None:
             out.append(s)
             continue
         merged = replace(out[target], body=fuse_siblings(out[target].body + s.body))
-        if all(independent(s, x) for x in out[target + 1:]):
-            out[target] = merged  # s moves up
+        if moves_up:
+            out[target] = merged
         else:
             del out[target]  # the earlier loop moves down to s (dQ's past dK's zeroing)
             out.append(merged)
@@ -140,16 +140,19 @@ def fuse_siblings(block):
 
 
 def _fusion_partner(out, loop):
+    """(the position of the loop's partner in out, whether the loop moves up to it rather
+    than the partner down to the loop); (None, False) when it has none."""
     for pos in range(len(out) - 1, -1, -1):
         other = out[pos]
         if (isinstance(other, Loop) and other.var == loop.var and other.start == loop.start
                 and other.stop == loop.stop and not other.parallel and not loop.parallel
                 and independent(other, loop)):
             between = out[pos + 1:]
-            if all(independent(loop, x) for x in between) or \
-                    all(independent(other, x) for x in between):
-                return pos
-    return None
+            if all(independent(loop, x) for x in between):
+                return pos, True
+            if all(independent(other, x) for x in between):
+                return pos, False
+    return None, False
 
 
 def independent(a, b) -> bool:

@@ -58,9 +58,7 @@ class PartialSums:
                                 f"{self.var}")
 
         names = kernel_names(onf)
-        p = sympy.Symbol(names.claim(names.new("p")), integer=True)
-        part = names.claim(names.new(f"{store.array}_part"))
-        shape = next(b.shape for b in onf.outputs + onf.temps if b.name == store.array)
+        p, part, buffer = _part_buffer(onf, names, store.array, self.parts)
         part_index = (p,) + tuple(store.index)
         # the summed axes become loops named after their role (b2 -> b where free)
         loop_names = Names(names.fixed | names.locals | {lp.var.name for lp in out_loops} | {p.name})
@@ -83,8 +81,7 @@ class PartialSums:
         add = enclose(sum_loops, add)
         partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
                                           zero + add),), origin, f"{nest.label}.partial")
-        total = S.Reduction("+", p, sympy.Integer(self.parts), S.Access(part, part_index),
-                            f"{store.array}_sum")
+        total = _sum_of_parts(p, self.parts, part, store.index, store.array)
         merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)))
         nests = []
         for n in onf.nests:
@@ -92,8 +89,7 @@ class PartialSums:
                 nests += [partial, merge]
             elif n.label != self.rows:
                 nests.append(n)
-        return replace(onf.with_nests(nests, str(self)),
-                       temps=onf.temps + (Buffer(part, (sympy.Integer(self.parts),) + shape),))
+        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
 
     def _row_body(self, onf, nest, sum_loops, extents):
         """The rows nest and its body inside its row loops, in the parts' loop variables."""
@@ -110,6 +106,21 @@ class PartialSums:
                                     f"{other.label}: it cannot run inside the parts")
         return rows, subs_stmts(chain[-1].body, {lp.var: own.var
                                                  for lp, own in zip(chain, sum_loops)})
+
+
+def _part_buffer(onf, names, array, parts):
+    """(the variable p over the parts, the parts' array, its buffer): `parts` copies of
+    `array`, part p at [p, ..]."""
+    p = sympy.Symbol(names.claim(names.new("p")), integer=True)
+    part = names.claim(names.new(f"{array}_part"))
+    shape = next(b.shape for b in onf.outputs + onf.temps if b.name == array)
+    return p, part, Buffer(part, (sympy.Integer(parts),) + shape)
+
+
+def _sum_of_parts(p, parts, part, index, array):
+    """sum_p part[p, index], p = 0, 1, ... in order: the same on any number of threads."""
+    return S.Reduction("+", p, sympy.Integer(parts), S.Access(part, (p,) + tuple(index)),
+                       f"{array}_sum")
 
 
 @dataclass(frozen=True)
@@ -160,10 +171,8 @@ class PartBuffers:
                                     f"its zero nest and nest {self.nest}")
 
         names = kernel_names(onf)
-        p = sympy.Symbol(names.claim(names.new("p")), integer=True)
+        p, part, buffer = _part_buffer(onf, names, self.array, self.parts)
         j_in = sympy.Symbol(names.claim(names.new(f"{self.loop}_in")), integer=True)
-        part = names.claim(names.new(f"{self.array}_part"))
-        shape = next(b.shape for b in onf.outputs + onf.temps if b.name == self.array)
         # part p takes every parts-th iteration from p on: its length is never negative
         length = idiv(loop.stop - p + self.parts - 1, self.parts)
         body = subs_stmts(loop.body, {loop.var: p + self.parts * j_in})
@@ -175,8 +184,7 @@ class PartBuffers:
         clear = replace(zero, body=enclose(
             zero_loops[:len(outer)] + [part_loop] + zero_loops[len(outer):],
             (replace(zero_store, array=part, index=(p,) + tuple(zero_store.index)),)))
-        total = S.Reduction("+", p, sympy.Integer(self.parts),
-                            S.Access(part, (p,) + tuple(zero_store.index)), f"{self.array}_sum")
+        total = _sum_of_parts(p, self.parts, part, zero_store.index, self.array)
         merge = Nest(zero.target, enclose(zero_loops, (replace(zero_store, value=total),)),
                      f"{self.array} = the sum of its {self.parts} parts",
                      f"{self.array}.merge")
@@ -186,8 +194,7 @@ class PartBuffers:
                 nests += [replace(n, body=enclose(outer, (parts,))), merge]
             else:
                 nests.append(clear if n is zero else n)
-        return replace(onf.with_nests(nests, str(self)),
-                       temps=onf.temps + (Buffer(part, (sympy.Integer(self.parts),) + shape),))
+        return replace(onf.with_nests(nests, str(self)), temps=onf.temps + (buffer,))
 
     def _zero(self, zero, outer):
         """The zero nest's loops and store; its first loops must run as `outer` do."""
