@@ -11,7 +11,9 @@ stored. Two ONFs of the same DNF:
   passes walk it by blocks of 64 rows (KeyBlocks), a block's probabilities one vector loop.
   With parts > 0 (a schedule parameter) dQ has no pass of its own: the key
   rows' pass adds dS K into one buffer per part of the keys, summed after (PartBuffers);
-  the number of parts, not of threads, fixes the order of the additions.
+  the number of parts, not of threads, fixes the order of the additions; blocks of 64 key
+  rows sweep the query rows together, so that each query block is read once per key block
+  (BlockInterchange), not once per few key rows.
 """
 from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
@@ -19,6 +21,7 @@ from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
+from moagen.onf.interchange import BlockInterchange
 from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
@@ -60,7 +63,8 @@ def _owner(rows, keys, parts):
     parts > 0: no dQ pass. The key rows' pass adds each dS K into dQ as well (dQ scattered
     over keys, its dS shared with dK's), into one buffer per part of the keys of a head
     (PartBuffers), summed after: six n x n x d products instead of nine, and the key rows'
-    pass runs in parallel over heads and parts rather than over key rows."""
+    pass runs in parallel over heads and parts rather than over key rows; it sweeps the
+    query blocks by blocks of 64 key rows (BlockInterchange)."""
     steps = (Accumulate("c", over="j", nest="O"),
              Scatter("dQ", over="j", outer=("b", "h")) if parts else
              Accumulate("c", over="j", nest="dQ"),
@@ -81,6 +85,11 @@ def _owner(rows, keys, parts):
     for nest, parallel, other, jammed in passes:
         steps += keys_summed(nest, keys, loop=other) + \
             rows_together(nest, parallel, rows, loop=jammed)
+    if parts and rows < KEY_BLOCK:
+        # blocks of 64 key rows sweep the query blocks together: a query block is read once
+        # for them
+        tiles = "j_in_tile" if rows > 1 else "j_in"
+        steps += (BlockInterchange("keys", tiles, "i_blk", KEY_BLOCK // rows),)
     # the key rows' additions into dK, dV (and dQ's part) a loop each
     return steps + (Distribute("c"),)
 

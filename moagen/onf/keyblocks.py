@@ -30,8 +30,8 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
-from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, scratch_row, stmt_exprs,
-                              walk)
+from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, names_read,
+                              scratch_row, walk)
 from moagen.onf.reductions import lower_reductions
 from moagen.onf.schedule import kernel_names
 from moagen.onf.unroll import check_sum_only, summed_arrays
@@ -84,14 +84,14 @@ class KeyBlocks:
 
         def kept(step, later):
             """The locals step declares that the later steps read, each with a scratch row."""
-            read = _locals_read(later)
+            read = names_read(later)
             return {s.name: scratch_row(self, f"{s.name}_block", loops, size, names, temps)
                     for s in step if isinstance(s, Let) and s.name in read}
 
         from_sums, from_lets = kept(sums, lets + adds), kept(lets, adds)
         keep = lambda scratch: tuple(Store(a, key, S.Local(x)) for x, a in scratch.items())
         reload = lambda scratch, step: tuple(Let(x, S.Access(a, key))
-                                             for x, a in scratch.items() if x in _locals_read(step))
+                                             for x, a in scratch.items() if x in names_read(step))
         each_key = lambda *stmts: Loop(j, first, sympy.Min(loop.stop, first + size), stmts)
         steps = (each_key(*sums, *keep(from_sums)),
                  each_key(*reload(from_sums, lets), *lets, *keep(from_lets)),
@@ -118,7 +118,7 @@ class KeyBlocks:
                 raise ScheduleError(f"{self}: a statement per key is none of a dot product, a "
                                     "scalar or a loop adding into arrays")
             pos += 1
-        if {s.name for s in lets} & _locals_read(sums):
+        if {s.name for s in lets} & names_read(sums):
             raise ScheduleError(f"{self}: a dot product reads a scalar computed before it: "
                                 "they cannot run in a step of their own")
         return tuple(sums), tuple(lets), tuple(adds)
@@ -137,8 +137,3 @@ def _accumulating_loops(body, pos):
             break
         own.append(s)
     return own
-
-
-def _locals_read(stmts):
-    """The names the statements' expressions depend on (locals among them)."""
-    return {name for s in walk(stmts) for x in stmt_exprs(s) for name in S.free_names(x)}

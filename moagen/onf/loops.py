@@ -208,6 +208,11 @@ def arrays_read(stmts) -> set:
             for e in S.subexpressions(x) if isinstance(e, S.Access)}
 
 
+def names_read(stmts) -> set:
+    """The names the statements' expressions depend on (locals among them)."""
+    return {name for s in walk(stmts) for x in stmt_exprs(s) for name in S.free_names(x)}
+
+
 def local_names(onf: ONF) -> frozenset:
     return frozenset(s.name for n in onf.nests for s in walk(n.body) if isinstance(s, Let))
 

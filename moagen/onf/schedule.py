@@ -85,7 +85,7 @@ class Accumulate(Transform):
 
     def nest_fn(self, nest, names):
         done = []
-        body = _rewrite_loops(nest.body, self.loop,
+        body = rewrite_loops(nest.body, self.loop,
                               lambda lp, scope: self._interchange(lp, scope, names, done))
         if not done:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop {self.loop} whose body is "
@@ -112,7 +112,7 @@ class Accumulate(Transform):
         return (init, Loop(var, sympy.Integer(0), red.extent, (replace(loop, body=(update,)),)))
 
 
-def _rewrite_loops(stmts, var_name, fn, scope=frozenset()):
+def rewrite_loops(stmts, var_name, fn, scope=frozenset()):
     """Replace each loop over var_name for which fn(loop, enclosing loop variables) returns
     statements (not None)."""
     out = []
@@ -122,7 +122,7 @@ def _rewrite_loops(stmts, var_name, fn, scope=frozenset()):
             if new is not None:
                 out += new
                 continue
-            s = replace(s, body=_rewrite_loops(s.body, var_name, fn, scope | {s.var.name}))
+            s = replace(s, body=rewrite_loops(s.body, var_name, fn, scope | {s.var.name}))
         out.append(s)
     return tuple(out)
 
@@ -226,7 +226,7 @@ class Distribute(Transform):
 
     def nest_fn(self, nest, names):
         done = []
-        body = _rewrite_loops(nest.body, self.var, lambda loop, scope: self._split(loop, done))
+        body = rewrite_loops(nest.body, self.var, lambda loop, scope: self._split(loop, done))
         if not done:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.var} that "
                                 "only adds into several arrays")
@@ -274,7 +274,7 @@ class Split(Transform):
             return (Loop(blk, sympy.Integer(0), idiv(loop.stop + self.tile - 1, self.tile), (inner,),
                          loop.parallel),)
 
-        body = _rewrite_loops(nest.body, self.var, split)
+        body = rewrite_loops(nest.body, self.var, split)
         if not done:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop {self.var}")
         # splitting a parallel loop other than the innermost makes the tile loop's bounds

@@ -151,24 +151,32 @@ def _jam(transform, copies):
 
 def _check_independent(transform, loop):
     """Every array the loop stores is indexed by its variable at one position, in every
-    store and every read, by one expression that steps with it (i; a group's query head
-    G g + r): the iterations touch disjoint elements."""
+    store and every read, by expressions that step with it (i; a group's query head G g + r;
+    the rows of a jammed tile, 4 j_tile + u for u < 4): the iterations touch disjoint
+    elements."""
     body = loop.body
     for array in dict.fromkeys(s.array for s in walk(body) if isinstance(s, Store)):
         indices = [s.index for s in walk(body) if isinstance(s, Store) and s.array == array]
         indices += [e.index for s in walk(body) for x in stmt_exprs(s)
                     for e in S.subexpressions(x) if isinstance(e, S.Access) and e.array == array]
-        if not set.intersection(*({(p, i) for p, i in enumerate(index) if _steps(i, loop.var)}
-                                  for index in indices)):
+        if not any(_owned([index[pos] for index in indices], loop.var)
+                   for pos in range(len(indices[0]))):
             raise ScheduleError(f"{transform}: {array} is not indexed by {loop.var} at "
                                 "one position in every store and read: iterations would share "
                                 "its elements")
 
 
-def _steps(index, var) -> bool:
-    """Whether index is var times a nonzero number plus terms free of var."""
-    slope = sympy.diff(index, var)
-    return slope.is_Number and slope != 0
+def _owned(exprs, var) -> bool:
+    """Whether the expressions are var times one nonzero number s plus terms that differ
+    between them by integers less than |s| apart: each iteration's values are its own."""
+    slopes = {sympy.diff(e, var) for e in exprs}
+    if len(slopes) != 1:
+        return False
+    slope = slopes.pop()
+    if not slope.is_Number or slope == 0:
+        return False
+    offsets = [sympy.expand(e - exprs[0]) for e in exprs]
+    return all(o.is_Integer for o in offsets) and max(offsets) - min(offsets) < abs(slope)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""Blocks of a loop's iterations sweeping an inner loop together (cache blocking):
+
+    for o in [s, e):                    for o_blk:
+        pre(o)                              for o in block: pre(o)
+        for q: B(o, q)          ->          for q: for o in block: B(o, q)
+        post(o)                             for o in block: post(o)
+
+The owner's key rows' pass with dQ's parts: each tile of key rows swept every query row of
+its head, reading Q and dO and adding into dQ's part, 3 n d values a tile; at n 4096, d 128
+a head's are 12 MiB, past the L2 and, two heads at once, the L3. A block of 64 key rows
+sweeps the query rows' blocks together: a query block's rows are read from memory once for
+the 64 key rows, and the key block's K, V, dK and dV rows (256 KiB at d 128) stay in L2.
+
+Legal when the iterations of o share only additions into arrays they do not index (UnrollSum's
+condition: then any order of the (o, q) steps computes the same sums), pre's locals are not
+read after it, and q's bounds do not depend on o. The order of additions to each element is
+the same as before when q's iterations add into different elements (dQ's part: a query
+block's rows): the values are then the same bit for bit.
+"""
+from dataclasses import dataclass, replace
+
+import sympy
+
+from moagen.errors import ScheduleError
+from moagen.moa.expr import idiv
+from moagen.onf.loops import Let, Loop, ONF, find_nest, names_read
+from moagen.onf.schedule import rewrite_loops, kernel_names
+from moagen.onf.unroll import check_sum_only, summed_arrays
+
+
+@dataclass(frozen=True)
+class BlockInterchange:
+    nest: str
+    loop: str
+    across: str
+    block: int
+
+    def __str__(self):
+        return f"block_interchange({self.nest}, {self.loop}, {self.across}, {self.block})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        if self.block < 2:
+            raise ScheduleError(f"{self}: a block holds at least two iterations")
+        nest = find_nest(onf, self.nest, self)
+        names, done = kernel_names(onf), []
+
+        def block(loop, scope):
+            done.append(loop)
+            return self._blocked(loop, names)
+
+        body = rewrite_loops(nest.body, self.loop, block)
+        if not done:
+            raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop}")
+        return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
+                              str(self))
+
+    def _blocked(self, loop, names):
+        across = [pos for pos, s in enumerate(loop.body)
+                  if isinstance(s, Loop) and s.var.name == self.across]
+        if len(across) != 1 or loop.parallel:
+            raise ScheduleError(f"{self}: the loop over {self.loop} must be sequential and "
+                                f"hold one loop over {self.across} among its statements")
+        pos = across[0]
+        inner, pre, post = loop.body[pos], loop.body[:pos], loop.body[pos + 1:]
+        if loop.var in inner.start.free_symbols | inner.stop.free_symbols:
+            raise ScheduleError(f"{self}: the bounds of {self.across} depend on {self.loop}")
+        declared = {s.name for s in pre if isinstance(s, Let)}
+        if declared & names_read(loop.body[pos:]):
+            raise ScheduleError(f"{self}: the statements after the loop over {self.across} "
+                                f"read {', '.join(sorted(declared))}, set before it")
+        check_sum_only(self, loop, summed_arrays(loop))
+
+        blk = sympy.Symbol(names.claim(names.new(f"{self.loop}_blk")), integer=True)
+        first = loop.start + self.block * blk
+        each = lambda stmts: Loop(loop.var, first, sympy.Min(loop.stop, first + self.block),
+                                  tuple(stmts))
+        steps = (*((each(pre),) if pre else ()), replace(inner, body=(each(inner.body),)),
+                 *((each(post),) if post else ()))
+        count = idiv(loop.stop - loop.start + self.block - 1, self.block)
+        return (Loop(blk, sympy.Integer(0), count, steps),)
