@@ -349,3 +349,22 @@ def test_sass_atomics_sit_where_the_onf_puts_them(session_build_dir):
             assert r.sass_atomics == 0
     assert any(r.onf_atomics for r in atomic)
     assert sum(r.sass_atomics for r in sass.inspect("attention_fwdbwd", "owner")) == 0
+
+
+@pytest.mark.parametrize("params", [{"parts": 1, "rows": 4, "keys": 2},
+                                    {"parts": 2, "rows": 2, "keys": 2}])
+def test_model_counts_a_tuned_schedule_as_it_runs(params):
+    """The owner with parts (dQ from the key rows' pass, blocks of 64 key rows): the model
+    of that schedule, not of the defaults, against every iteration walked. n = 128: the
+    parts' blocks of 64 key rows are full (the view's assumptions)."""
+    sizes = dict(batch=1, heads=1, n=128, d=2)
+    cost = model.predict("attention_fwdbwd", "owner", params=params)
+    env = cost.sizes_from(sizes)
+    ops, (read, written), _ = brute_force(onf_of("attention_fwdbwd", "owner", params=params),
+                                          sizes)
+    assert {op: model.value(n, env) for op, n in cost.ops.items()} == dict(ops)
+    for array, moved in cost.traffic.items():
+        assert model.value(moved.read, env) == read[array], array
+        assert model.value(moved.written, env) == written[array], array
+    default = model.predict("attention_fwdbwd", "owner")
+    assert model.value(default.flops, env) > model.value(cost.flops, env)

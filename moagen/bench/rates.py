@@ -3,10 +3,10 @@
 traffic between memory and cache (moagen.cost.Cost.M), so GB/s is an effective bandwidth."""
 
 
-def predicted(kernel: str, variant: str, sizes: dict, dtype: str):
-    """(F, M) of one call: the one call to the cost model."""
+def predicted(kernel: str, variant: str, sizes: dict, dtype: str, params=None):
+    """(F, M) of one call with these schedule parameters: the one call to the cost model."""
     from moagen.cost import predict, value
-    cost = predict(kernel, variant, dtype)
+    cost = predict(kernel, variant, dtype, params)
     env = cost.sizes_from(sizes)
     return value(cost.flops, env), value(cost.M, env)
 
@@ -14,7 +14,8 @@ def predicted(kernel: str, variant: str, sizes: dict, dtype: str):
 def with_rates(record: dict) -> dict:
     if not record["variant"]:  # baselines: compared by time only
         return dict(record, flops=None, bytes=None, gflops=None, gbs=None)
-    flops, nbytes = predicted(record["kernel"], record["variant"], record["sizes"], record["dtype"])
+    flops, nbytes = predicted(record["kernel"], record["variant"], record["sizes"], record["dtype"],
+                              record.get("params"))
     time_s = record["median_s"]
     return dict(record, flops=flops, bytes=nbytes, gflops=flops / time_s / 1e9,
                 gbs=nbytes / time_s / 1e9)

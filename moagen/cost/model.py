@@ -7,7 +7,7 @@ from typing import Dict, Tuple
 import numpy as np
 import sympy
 
-from moagen.codegen.emit import check_dtype, onf_of
+from moagen.codegen.emit import check_dtype, onf_of, param_pairs
 from moagen.cost.flops import FLOP, count_ops
 from moagen.cost.traffic import Moved, minimum_traffic, nest_traffic, working_set
 from moagen.cost.view import counting_view
@@ -94,9 +94,15 @@ def value(expr, env: Dict[sympy.Symbol, int]):
     return int(number) if number.is_Integer else float(number)
 
 
+def predict(kernel: str, variant: str = None, dtype: str = "float64", params=None) -> Cost:
+    """The cost of the variant's ONF; params: schedule parameters over its defaults (the
+    owner's parts take three of its nine n x n x d products away)."""
+    return _predict(kernel, variant, dtype, param_pairs(params))
+
+
 @lru_cache(maxsize=None)
-def predict(kernel: str, variant: str = None, dtype: str = "float64") -> Cost:
-    onf = onf_of(kernel, variant)
+def _predict(kernel, variant, dtype, params) -> Cost:
+    onf = onf_of(kernel, variant, params=params)
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),

@@ -42,26 +42,42 @@ def counting_view(onf: ONF) -> View:
             return a / b
         return sympy.sympify(e).replace(idiv, exact)
 
-    def bound(e, maxima):
+    def equal_parts(e, parts):
+        """The length of part v of P interleaved parts of n rows, idiv(n - v + P - 1, P)
+        for v in [0, P) (PartBuffers), as n / P: each part's when P divides n. One part:
+        v is 0."""
+        for v, count in parts.items():
+            if count == 1:
+                e = e.xreplace({v: 0})
+                continue
+            whole = lambda x: x.args[1] == count and \
+                (x.args[0] + v - count + 1).free_symbols <= sizes
+            e = e.replace(lambda x: isinstance(x, idiv) and whole(x),
+                          lambda x: divide(idiv(x.args[0] + v - count + 1, count)))
+        return e
+
+    def bound(e, maxima, parts):
         """A loop bound with its tiles full, inside divisions too: the count of a block's
         keys taken f at a time, idiv(Min(n, 64 b + 64) - 64 b, f), is 64 / f."""
-        return divide(_full_tiles(divide(e), maxima))
+        return divide(_full_tiles(divide(equal_parts(sympy.sympify(e), parts)), maxima))
 
-    def stmt(s, maxima):
+    def stmt(s, maxima, parts):
         if isinstance(s, Loop):
-            start, stop = bound(s.start, maxima), bound(s.stop, maxima)
+            start, stop = bound(s.start, maxima, parts), bound(s.stop, maxima, parts)
             if sympy.simplify(stop - start) == 0:
                 return None  # the columns after the last full tile: none
             inner = {**maxima, s.var: stop - 1}
-            return replace(s, start=start, stop=stop, body=block(s.body, inner))
+            if start == 0 and stop.is_Integer:  # a fixed number of parts, or of lanes
+                parts = {**parts, s.var: int(stop)}
+            return replace(s, start=start, stop=stop, body=block(s.body, inner, parts))
         index = lambda e: _full_tiles(divide(e), maxima)
         s = map_stmt_exprs(s, lambda e: _map_offsets(e, index))
         return replace(s, index=tuple(map(index, s.index))) if isinstance(s, Store) else s
 
-    def block(stmts, maxima):
-        return tuple(x for x in (stmt(s, maxima) for s in stmts) if x is not None)
+    def block(stmts, maxima, parts):
+        return tuple(x for x in (stmt(s, maxima, parts) for s in stmts) if x is not None)
 
-    nests = tuple(replace(n, body=block(n.body, {})) for n in onf.nests)
+    nests = tuple(replace(n, body=block(n.body, {}, {})) for n in onf.nests)
     return View(tuple(n for n in nests if n.body), tuple(dict.fromkeys(assumed)))
 
 
