@@ -226,6 +226,28 @@ def test_multi_nest_transforms_that_cannot_apply_raise(kernel, variant, schedule
     assert words in str(info.value)
 
 
+def test_part_buffers_refuse_a_nest_that_reads_the_sum_between_its_zeroing_and_it():
+    """out = 0; y = out; out[k] += A[k, j] over j: with parts, the zero nest zeroes the
+    parts and out is only set by the merge after the sum, so y would read what is no longer
+    written there. Without the nest between, the parts sum to A's rows (the interpreter)."""
+    from moagen.moa.expr import sym
+    from moagen.onf.interpret import run_onf
+    from moagen.onf.loops import ONF, Buffer, Nest
+    k, j, n, m = sym("k"), sym("j"), sym("n"), sym("m")
+    loop = lambda var, stop, *body: Loop(var, sympy.Integer(0), stop, tuple(body))
+    zero = Nest("out", (loop(k, n, Store("out", (k,), S.Num(0.0))),), "out = 0", "out.zero")
+    peek = Nest("y", (loop(k, n, Store("y", (k,), S.Access("out", (k,)))),), "y = out")
+    add = Nest("out", (loop(j, m, loop(k, n, Store("out", (k,), S.Access("A", (k, j)),
+                                                    accumulate="+"))),), "out += A")
+    onf = lambda *nests: ONF("sums", "v", (Buffer("A", (n, m)),),
+                             (Buffer("out", (n,)), Buffer("y", (n,))), (), (n, m), (), nests)
+    with pytest.raises(ScheduleError, match="nest y touches out between its zero nest"):
+        PartBuffers("out", "j", "out", 2)(onf(zero, peek, add))
+    a = np.arange(15.0).reshape(3, 5)
+    got = run_onf(PartBuffers("out", "j", "out", 2)(onf(zero, add)), {"A": a}, {})
+    np.testing.assert_array_equal(got["out"], a.sum(1))
+
+
 # ---- the online softmax's arithmetic ---------------------------------------------------
 
 @pytest.mark.parametrize("kernel, variant, per_score, per_block", [
