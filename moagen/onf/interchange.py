@@ -24,7 +24,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
 from moagen.onf.loops import Let, Loop, ONF, find_nest, names_read
-from moagen.onf.schedule import rewrite_loops, kernel_names
+from moagen.onf.schedule import kernel_names, rewrite_loops
 from moagen.onf.unroll import check_sum_only, summed_arrays
 
 
@@ -64,10 +64,10 @@ class BlockInterchange:
         inner, pre, post = loop.body[pos], loop.body[:pos], loop.body[pos + 1:]
         if loop.var in inner.start.free_symbols | inner.stop.free_symbols:
             raise ScheduleError(f"{self}: the bounds of {self.across} depend on {self.loop}")
-        declared = {s.name for s in pre if isinstance(s, Let)}
-        if declared & names_read(loop.body[pos:]):
-            raise ScheduleError(f"{self}: the statements after the loop over {self.across} "
-                                f"read {', '.join(sorted(declared))}, set before it")
+        read_later = {s.name for s in pre if isinstance(s, Let)} & names_read(loop.body[pos:])
+        if read_later:
+            raise ScheduleError(f"{self}: the loop over {self.across} and what follows it "
+                                f"read {', '.join(sorted(read_later))}, set before it")
         check_sum_only(self, loop, summed_arrays(loop))
 
         blk = sympy.Symbol(names.claim(names.new(f"{self.loop}_blk")), integer=True)
