@@ -10,14 +10,13 @@ from moagen.codegen.emit import onf_of
 from moagen.errors import ScheduleError
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
-from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import sym
 from moagen.onf.interchange import BlockInterchange
 from moagen.onf.interpret import run_onf
 from moagen.onf.keyblocks import KeyBlocks
-from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest
+from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, find_nest, walk
 from moagen.onf.realize import initial_onf
-from tests.test_schedule import PROBLEMS
+from tests.test_schedule import PROBLEMS, _dnf
 
 KERNEL = "attention_fwdbwd"
 
@@ -26,9 +25,8 @@ def _owner(kernel, params, key_block, rows_block):
     """The owner's ONF with its key blocks (KeyBlocks: the query rows' blocks of the key
     rows' pass) of key_block rows and the key rows' blocks of rows_block tiles; None: no
     BlockInterchange step."""
-    k = get_kernel(kernel)
-    onf = initial_onf(psi_reduce(k.spec, k.variant("owner").materialize), "owner")
-    for step in k.variant("owner").schedule(params):
+    onf = initial_onf(_dnf(kernel, "owner"), "owner")
+    for step in get_kernel(kernel).variant("owner").schedule(params):
         if isinstance(step, KeyBlocks):
             step = replace(step, block=key_block)
         if isinstance(step, BlockInterchange):
@@ -39,15 +37,12 @@ def _owner(kernel, params, key_block, rows_block):
     return onf
 
 
+def _loops(onf, nest):
+    return [s for s in walk(find_nest(onf, nest, None).body) if isinstance(s, Loop)]
+
+
 def _loop(onf, nest, var):
-    return next(s for s in _walk_loops(find_nest(onf, nest, None).body) if s.var.name == var)
-
-
-def _walk_loops(stmts):
-    for s in stmts:
-        if isinstance(s, Loop):
-            yield s
-            yield from _walk_loops(s.body)
+    return next(s for s in _loops(onf, nest) if s.var.name == var)
 
 
 @pytest.mark.parametrize("kernel", [KERNEL, "attention_fwdbwd_causal"])
@@ -80,7 +75,7 @@ def test_the_owner_with_parts_sweeps_query_blocks_by_blocks_of_64_key_rows():
     # dQ in its own pass (parts 0): the key rows are the parallel loop, not blocked
     plain = onf_of(KERNEL, "owner", params={"parts": 0, "rows": 4})
     assert not any(s.var.name.endswith("_blk") and "j" in s.var.name
-                   for s in _walk_loops(find_nest(plain, "keys", None).body))
+                   for s in _loops(plain, "keys"))
 
 
 # ---- refusals --------------------------------------------------------------------------

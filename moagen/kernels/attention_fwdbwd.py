@@ -26,7 +26,7 @@ from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
 from moagen.onf.partials import PartBuffers
-from moagen.onf.unroll import keys_summed, rows_together
+from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 
 def _one_head(q, k, v, do, causal):
@@ -88,8 +88,7 @@ def _owner(rows, keys, parts):
     if parts and rows < KEY_BLOCK:
         # blocks of 64 key rows sweep the query blocks together: a query block is read once
         # for them
-        tiles = "j_in_tile" if rows > 1 else "j_in"
-        steps += (BlockInterchange("keys", tiles, "i_blk", KEY_BLOCK // rows),)
+        steps += (BlockInterchange("keys", tiled("j_in", rows), "i_blk", KEY_BLOCK // rows),)
     # the key rows' additions into dK, dV (and dQ's part) a loop each
     return steps + (Distribute("c"),)
 

@@ -105,9 +105,15 @@ def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = N
     if rows == 1:
         return (Parallel(parallel, nest=nest, interleave=interleave),)
     loop = loop or parallel[-1]
-    tiled = tuple(f"{v}_tile" if v == loop else v for v in parallel)
-    return (UnrollJam(nest, loop, rows), Parallel(tiled, nest=nest, interleave=interleave),
+    tiles = tuple(tiled(v, rows) if v == loop else v for v in parallel)
+    return (UnrollJam(nest, loop, rows), Parallel(tiles, nest=nest, interleave=interleave),
             Parallel(parallel, nest=f"{nest}.edge"))
+
+
+def tiled(loop: str, rows: int) -> str:
+    """The name of the loop over `loop` once rows_together has jammed `rows` of its
+    iterations: the loop over its tiles (UnrollJam's), or itself for one row."""
+    return f"{loop}_tile" if rows > 1 else loop
 
 
 def keys_summed(nest: str, keys: int, loop: str = "j") -> Tuple:
