@@ -79,9 +79,15 @@ def _parser():
 def cmd_list(args):
     from moagen.kernels import KERNELS
     for kernel in KERNELS.values():
-        variants = [name + "".join(f" {k}={v}" for k, v in variant.defaults.items())
-                    for name, variant in kernel.variants.items()]
+        variants = [name + _defaults_text(variant) for name, variant in kernel.variants.items()]
         print(f"{kernel.name}: {', '.join(variants)}")
+
+
+def _defaults_text(variant):
+    """ rows=4 keys=2 (the CPU's), with the CUDA defaults after where they differ."""
+    text = lambda params: "".join(f" {k}={v}" for k, v in params.items())
+    cpu, cuda = variant.defaults_for("cpu"), variant.defaults_for("cuda")
+    return text(cpu) + (f" (cuda:{text(cuda)})" if cuda != cpu else "")
 
 
 def cmd_show(args):

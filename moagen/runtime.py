@@ -7,7 +7,8 @@ from functools import lru_cache
 
 from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
-from moagen.codegen.emit import FORTRAN_MODULE, check_dtype, emit, onf_of, param_pairs, stem
+from moagen.codegen.emit import FORTRAN_MODULE, TARGET_KIND, check_dtype, check_lang, emit, stem
+from moagen.pipeline import onf_of, param_pairs
 from moagen.codegen.printer import signature
 from moagen.kernels import get_kernel
 
@@ -23,6 +24,6 @@ def library(kernel: str, variant: str, lang: str, params=()):
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
          params=None) -> KernelCallable:
     """params: schedule parameters over the variant's defaults (moagen tune's choice)."""
-    onf = onf_of(kernel, variant, params=params)
+    onf = onf_of(kernel, variant, params=params, target=TARGET_KIND[check_lang(lang)])
     return bind(library(kernel, onf.variant, lang, param_pairs(params)),
                 signature(onf, check_dtype(dtype)), lang, validate=get_kernel(kernel).validate)

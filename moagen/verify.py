@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from moagen import reference, reference_block, runtime
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.codegen.printer import signature
 from moagen.errors import DeviceUnavailable, UnknownNameError
 from moagen.kernels import KERNELS, get_kernel

@@ -6,7 +6,7 @@ import pytest
 import sympy
 
 from moagen import runtime
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.errors import ScheduleError
 from moagen.kernels import KERNELS, get_kernel
 from moagen.moa import scalar as S

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from moagen import build
-from moagen.codegen.emit import LANGS, emit, filename, onf_of, stem
+from moagen.codegen.emit import LANGS, emit, filename, stem
+from moagen.pipeline import onf_of
 from moagen.codegen.fortran import FortranPrinter
 from moagen.build import CUDA_ARCHS
 from moagen.cli import GENERATED

@@ -9,7 +9,7 @@ import pytest
 import sympy
 
 from moagen.cli import main
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.cost import measure, model, sass
 from moagen.cost.flops import stmt_ops
 from moagen.cost.traffic import accesses, footprint, region

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from moagen import reference, runtime
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.kernels import get_kernel
 from moagen.moa.dnf import psi_reduce
 from moagen.onf.interpret import run_onf

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sympy
 
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv, sym

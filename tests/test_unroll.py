@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import sympy
 
-from moagen.codegen.emit import onf_of
+from moagen.pipeline import onf_of
 from moagen.cost.model import predict
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S

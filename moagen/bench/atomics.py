@@ -16,7 +16,7 @@ SEPARATE = (("attention_fwd", "dnf"), ("attention_bwd", "atomic"))
 
 
 def atomic_count(kernel, variant, sizes) -> int:
-    from moagen.codegen.emit import onf_of
+    from moagen.pipeline import onf_of
     from moagen.onf.count import atomic_updates
     onf = onf_of(kernel, variant)
     env = {s: sizes[s.name] for s in onf.sizes}

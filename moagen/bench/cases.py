@@ -92,7 +92,7 @@ def scalars(kernel: str, sizes: dict) -> dict:
 def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     """The kernel's inputs, consistent where they depend on each other (a backward's O, lse),
     copied into arrays from `empty` (which decides where their pages are first touched)."""
-    from moagen.codegen.emit import onf_of
+    from moagen.pipeline import onf_of
     from moagen.codegen.printer import signature
     from moagen.verify import CHECKS, make_inputs
     sig = signature(onf_of(kernel), dtype)
@@ -119,7 +119,7 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
 def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
     """The kernel's C, printed with plain pointers: the compiler must assume they alias."""
     from moagen.codegen.c import CPrinter, emit_c
-    from moagen.codegen.emit import onf_of
+    from moagen.pipeline import onf_of
 
     class Plain(CPrinter):
         restrict = ""
@@ -131,7 +131,8 @@ def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
 
 def _load_without_restrict(kernel, variant, dtype):
     from moagen.bind import bind, load_library
-    from moagen.codegen.emit import onf_of, stem
+    from moagen.codegen.emit import stem
+    from moagen.pipeline import onf_of
     from moagen.codegen.printer import signature
     from moagen.kernels import get_kernel
 

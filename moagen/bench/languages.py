@@ -42,7 +42,8 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     import sympy
 
     from moagen import build
-    from moagen.codegen.emit import FORTRAN_MODULE, emit, onf_of, stem
+    from moagen.codegen.emit import FORTRAN_MODULE, emit, stem
+    from moagen.pipeline import onf_of
     from moagen.codegen.printer import signature
 
     if shutil.which("valgrind") is None:

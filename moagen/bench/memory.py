@@ -48,7 +48,7 @@ class Record:
 
 def sizes_for(kernel: str, given: dict) -> dict:
     """The sizes the kernel takes, picked from `given`."""
-    from moagen.codegen.emit import onf_of
+    from moagen.pipeline import onf_of
     from moagen.errors import MoagenError
 
     names = [s.name for s in onf_of(kernel).sizes]

@@ -21,7 +21,8 @@ import sympy
 
 from moagen import build
 from moagen.codegen.c import CPrinter
-from moagen.codegen.emit import emit, onf_of, stem
+from moagen.codegen.emit import emit, stem
+from moagen.pipeline import onf_of
 from moagen.codegen.printer import render
 from moagen.cost.model import predict
 from moagen.errors import CompilerNotFound, MoagenError

@@ -7,7 +7,8 @@ from typing import Dict, Tuple
 import numpy as np
 import sympy
 
-from moagen.codegen.emit import check_dtype, onf_of, param_pairs
+from moagen.codegen.emit import check_dtype
+from moagen.pipeline import onf_of, param_pairs
 from moagen.cost.flops import FLOP, count_ops
 from moagen.cost.traffic import Moved, minimum_traffic, nest_traffic, working_set
 from moagen.cost.view import counting_view

@@ -17,7 +17,8 @@ import sympy
 from moagen import build
 from moagen.build import CUDA_ARCHS
 from moagen.codegen.cuda import CudaPrinter
-from moagen.codegen.emit import emit, onf_of, stem
+from moagen.codegen.emit import emit, stem
+from moagen.pipeline import onf_of
 from moagen.errors import CompilerNotFound, MoagenError
 from moagen.onf.count import atomic_updates
 

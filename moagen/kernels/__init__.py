@@ -20,22 +20,30 @@ class Variant:
     name: str
     materialize: FrozenSet[str]
     build: Callable[..., Tuple]
-    defaults: Mapping[str, int] = field(default_factory=dict)
+    # the parameters' defaults per target kind ("cpu", "cuda"): what is fast there
+    defaults: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     space: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)
 
-    def params(self, chosen=None) -> Dict[str, int]:
-        """The defaults with `chosen` (a mapping or pairs) over them; unknown names are
-        an error."""
+    def defaults_for(self, target: str = "cpu") -> Dict[str, int]:
+        if target not in self.defaults and self.defaults:
+            raise UnknownNameError(f"variant {self.name} has no defaults for target {target!r}; "
+                                   f"it has {', '.join(self.defaults)}")
+        return dict(self.defaults.get(target, {}))
+
+    def params(self, chosen=None, target: str = "cpu") -> Dict[str, int]:
+        """The target's defaults with `chosen` (a mapping or pairs) over them; unknown names
+        are an error."""
         chosen = dict(chosen or {})
-        unknown = set(chosen) - set(self.defaults)
+        defaults = self.defaults_for(target)
+        unknown = set(chosen) - set(defaults)
         if unknown:
             raise UnknownNameError(f"variant {self.name} has no schedule parameter "
                                    f"{', '.join(sorted(unknown))}; its parameters: "
-                                   f"{', '.join(self.defaults) or '(none)'}")
-        return {**self.defaults, **chosen}
+                                   f"{', '.join(defaults) or '(none)'}")
+        return {**defaults, **chosen}
 
-    def schedule(self, params=None) -> Tuple:
-        return self.build(**self.params(params))
+    def schedule(self, params=None, target: str = "cpu") -> Tuple:
+        return self.build(**self.params(params, target))
 
 
 class _Variants:
@@ -69,10 +77,10 @@ class Kernel(_Variants):
         from moagen.moa.dnf import psi_reduce
         return psi_reduce(self.spec, self.variant(variant).materialize)
 
-    def onf(self, variant=None, layout="row", params=None):
+    def onf(self, variant=None, layout="row", params=None, target="cpu"):
         from moagen.onf.realize import realize
         v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.schedule(params), layout)
+        return realize(self.dnf(variant), v.name, v.schedule(params, target), layout)
 
 
 @dataclass(frozen=True)
@@ -90,12 +98,12 @@ class CompositeKernel(_Variants):
     def variants(self):
         return {"composed": Variant("composed", frozenset(), lambda: ())}
 
-    def onf(self, variant=None, layout="row", params=None):
-        from moagen.codegen.emit import onf_of
+    def onf(self, variant=None, layout="row", params=None, target="cpu"):
+        from moagen.pipeline import onf_of
         self.variant(variant).params(params)  # a composite has none
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
-        return compose(self.composite, onf_of)
+        return compose(self.composite, lambda *a, **kw: onf_of(*a, **kw, target=target))
 
 
 def _kernel(spec, variants, validate=None):
@@ -107,7 +115,7 @@ def _kernel(spec, variants, validate=None):
 
 def _variant(name, entry):
     if isinstance(entry, Tunable):
-        return Variant(name, entry.materialize, entry.build, dict(entry.defaults),
+        return Variant(name, entry.materialize, entry.build, entry.per_target(),
                        dict(entry.space))
     materialize, schedule = entry
     return Variant(name, materialize, lambda: schedule)

@@ -1,0 +1,28 @@
+"""The pipeline driver: a kernel's name to its final ONF for one target kind, cached.
+
+kernels/ (the specs and their variants) and codegen/ (the printers) both depend on this
+module, never on each other."""
+from functools import lru_cache
+
+from moagen.kernels import get_kernel
+from moagen.onf.loops import ONF
+
+# what a variant's mapping layer is written for: a CPU (OpenMP) or a CUDA GPU
+TARGET_KINDS = ("cpu", "cuda")
+
+
+def param_pairs(params) -> tuple:
+    """Schedule parameters (a mapping, pairs or None) as sorted pairs: hashable, one order."""
+    return tuple(sorted(dict(params or {}).items()))
+
+
+def onf_of(kernel: str, variant: str = None, layout: str = "row", params=None,
+           target: str = "cpu") -> ONF:
+    """The kernel's final ONF for a target kind; params: schedule parameters over the
+    variant's defaults for that kind."""
+    return _onf(kernel, variant, layout, param_pairs(params), target)
+
+
+@lru_cache(maxsize=None)
+def _onf(kernel, variant, layout, params, target):
+    return get_kernel(kernel).onf(variant, layout, dict(params), target=target)
