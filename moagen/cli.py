@@ -23,6 +23,7 @@ def main(argv=None):
 def _parser():
     from moagen.codegen.emit import LANGS
     from moagen.onf.signature import DTYPES
+    from moagen.pipeline import TARGET_KINDS
 
     parser = argparse.ArgumentParser(prog="moagen", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -35,6 +36,12 @@ def _parser():
     p.add_argument("--stage", choices=STAGES, default="dnf")
     p.add_argument("--variant")
     p.add_argument("--layout", choices=("row", "col"), default="row")
+    p.add_argument("--target", choices=TARGET_KINDS, default="cpu",
+                   help="the mapping and defaults the onf stage is for")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   type=name_equals_integer, help="a schedule parameter (moagen list shows them)")
+    p.add_argument("--upto", type=int, metavar="K",
+                   help="the onf after its first K steps (default: all, and the final form)")
     p.set_defaults(run=cmd_show)
 
     p = sub.add_parser("emit", help="print (or write) the source of a kernel")
@@ -91,16 +98,25 @@ def _defaults_text(variant):
 
 
 def cmd_show(args):
+    from moagen.errors import UnknownNameError
     from moagen.kernels import CompositeKernel, get_kernel
     from moagen.kernels.compose import format_stages
+    from moagen.kernels.layers import format_layers
     from moagen.moa.dnf import format_dnf
     from moagen.moa.shape import annotate, fmt_shape
     from moagen.onf.loops import format_onf
 
     kernel = get_kernel(args.kernel)
-    kernel.variant(args.variant)
+    variant = kernel.variant(args.variant)
     if args.stage == "onf":
-        print(format_onf(kernel.onf(args.variant, args.layout)), end="")
+        params = dict(args.param)
+        if args.upto is not None and args.upto < 0:
+            raise UnknownNameError(f"--upto {args.upto}: give a number of steps, 0 or more")
+        if not isinstance(kernel, CompositeKernel):
+            print(format_layers(variant.layers(params, args.target), args.target,
+                                variant.params(params, args.target), args.upto), end="")
+        print(format_onf(kernel.onf(args.variant, args.layout, params, args.target, args.upto)),
+              end="")
     elif isinstance(kernel, CompositeKernel):
         print(format_stages(kernel.composite, args.stage, get_kernel), end="")
     elif args.stage == "shape":

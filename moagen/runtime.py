@@ -22,8 +22,18 @@ def library(kernel: str, variant: str, lang: str, params=()):
 
 
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
-         params=None) -> KernelCallable:
-    """params: schedule parameters over the variant's defaults (moagen tune's choice)."""
-    onf = onf_of(kernel, variant, params=params, target=TARGET_KIND[check_lang(lang)])
+         params=None, tuned: bool = True) -> KernelCallable:
+    """params: schedule parameters over the defaults of the language's target (a CPU's for
+    C and Fortran). None and tuned: on a CPU, this machine's `moagen tune` choice where the
+    tuning file (bench-results/tuning.json in the working directory) records one."""
+    target = TARGET_KIND[check_lang(lang)]
+    if params is None and tuned and target == "cpu":
+        params = _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype)
+    onf = onf_of(kernel, variant, params=params, target=target)
     return bind(library(kernel, onf.variant, lang, param_pairs(params)),
                 signature(onf, check_dtype(dtype)), lang, validate=get_kernel(kernel).validate)
+
+
+def _tuned(kernel, variant, lang, dtype):
+    from moagen.bench.tune import chosen, load_choices
+    return chosen(load_choices(), kernel, variant, lang, dtype)

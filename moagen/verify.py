@@ -243,7 +243,8 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     return Row(kernel, variant, lang, dtype, label, errors, "pass" if ok else "FAIL")
 
 
-def run(kernels=None, langs=CPU_LANGS, variants=None, dtypes=DTYPES, load=runtime.load):
+def run(kernels=None, langs=CPU_LANGS, variants=None, dtypes=DTYPES,
+        load=partial(runtime.load, tuned=False)):
     """Yield a Row per kernel x variant x language x dtype x sizes."""
     for name in kernels or KERNELS:
         kernel = get_kernel(name)

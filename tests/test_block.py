@@ -24,7 +24,7 @@ from moagen.onf.layout import apply_layout
 from moagen.onf.loops import Let, Loop, Store, Update, walk
 from moagen.onf.partials import PartialSums
 from moagen.onf.realize import initial_onf
-from moagen.onf.reductions import lower_reductions
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.tiling import RegisterTile
 
 rng = np.random.default_rng(5)
@@ -65,12 +65,12 @@ def test_every_step_of_the_new_schedules_keeps_the_value(kernel, variant):
     onf = initial_onf(k.dnf(variant), variant)
     want = _expected(kernel)
     steps = [("initial", onf)]
-    for transform in k.variant(variant).schedule():
+    for transform in k.variant(variant).steps():
         onf = transform(onf)
         steps.append((str(transform), onf))
-    steps.append(("lowered", apply_layout(lower_reductions(onf))))
+    steps.append(("lowered", apply_layout(LowerReductions()(onf))))
     for name, stage in steps:
-        got = run_onf(stage if stage.flat else apply_layout(lower_reductions(stage)),
+        got = run_onf(stage if stage.flat else apply_layout(LowerReductions()(stage)),
                       PROBLEMS[kernel][0], {})
         for out in want:
             np.testing.assert_allclose(got[out], want[out], rtol=1e-12, atol=1e-13,

@@ -61,16 +61,17 @@ def test_each_nest_carries_its_dnf_line_and_parallel_loop():
 
 def test_interleaved_parallel_loops_deal_iterations_in_turn():
     """Online attention's row groups go to the threads one at a time (they share a head's
-    keys in cache); its edge nest and other kernels keep a block per thread."""
+    keys in cache), its edge nest as its parent (the mapping it inherits); other kernels
+    keep a block per thread."""
     for lang, pragma in (("c", "#pragma omp parallel for collapse(3) schedule("),
                          ("fortran", "!$omp parallel do collapse(3) schedule(")):
         text = emit("attention_fwd", "online", lang)
         schedules = re.findall(re.escape(pragma) + r"([^)]*)\)", text)
-        assert schedules == ["static, 1", "static"] * 2  # rows, rows.edge; per dtype
+        assert schedules == ["static, 1", "static, 1"] * 2  # rows, rows.edge; per dtype
         assert "static, 1" not in emit("attention_fwd", "dnf", lang)
     dump = format_onf(onf_of("attention_fwd", "online"))
     assert "parallel(b, h, i_tile, interleaved, nest=rows)" in dump
-    assert dump.count("parallel(3, interleaved) for b") == 1
+    assert dump.count("parallel(3, interleaved) for b") == 2
 
 
 def test_c_max_is_an_inline_comparison_and_cuda_keeps_fmax():

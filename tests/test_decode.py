@@ -28,7 +28,7 @@ def test_every_rewrite_of_decode_keeps_the_value(variant, n):
     kernel = get_kernel("attention_decode")
     onf = initial_onf(psi_reduce(kernel.spec), variant)
     want = reference.attention_decode_numpy(q, K, V, 0.4, n)
-    for step in kernel.variant(variant).schedule() + (None,):
+    for step in kernel.variant(variant).steps() + (None,):
         got = run_onf(onf if step else onf_of("attention_decode", variant), arrays, scalars)
         np.testing.assert_allclose(got["O"], want[0], rtol=1e-12, atol=1e-13, err_msg=str(step))
         np.testing.assert_allclose(got["lse"], want[1], rtol=1e-12, err_msg=str(step))

@@ -26,7 +26,7 @@ def _owner(kernel, params, key_block, rows_block):
     rows' pass) of key_block rows and the key rows' blocks of rows_block tiles; None: no
     BlockInterchange step."""
     onf = initial_onf(_dnf(kernel, "owner"), "owner")
-    for step in get_kernel(kernel).variant("owner").schedule(params):
+    for step in get_kernel(kernel).variant("owner").steps(params):
         if isinstance(step, KeyBlocks):
             step = replace(step, block=key_block)
         if isinstance(step, BlockInterchange):

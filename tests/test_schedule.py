@@ -19,7 +19,7 @@ from moagen.onf.layout import apply_layout
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, walk
 from moagen.onf.names import base_name
 from moagen.onf.realize import initial_onf, realize
-from moagen.onf.reductions import lower_reductions
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.schedule import Accumulate, Hoist, Parallel, Reorder, Split
 
 
@@ -117,7 +117,7 @@ def _assert_same(got, want, rtol=1e-13):
 def _scheduled(kernel, variant):
     """The variant's ONF after its schedule, before lowering."""
     onf = initial_onf(_dnf(kernel, variant), variant)
-    for transform in get_kernel(kernel).variant(variant).schedule():
+    for transform in get_kernel(kernel).variant(variant).steps():
         onf = transform(onf)
     return onf
 
@@ -130,11 +130,11 @@ def test_every_stage_keeps_the_value(kernel, variant, params):
     base = _run(kernel, onf)
     _assert_same(base, _expected(kernel), rtol=1e-12)
     stages = []
-    schedule = get_kernel(kernel).variant(variant).schedule(params)
+    schedule = get_kernel(kernel).variant(variant).steps(params)
     for transform in schedule:
         onf = transform(onf)
         stages.append((str(transform), onf))
-    onf = lower_reductions(onf)
+    onf = LowerReductions()(onf)
     stages.append(("lower_reductions", onf))
     stages.append(("apply_layout", apply_layout(onf)))
     for layout in ("row", "col"):
@@ -167,13 +167,13 @@ def _split_everywhere(onf, var, tile):
 def test_split_keeps_the_value(kernel, variant, var, tile):
     scheduled = _scheduled(kernel, variant)
     before = _split_everywhere(scheduled, var, tile)
-    after = _split_everywhere(lower_reductions(scheduled), var, tile)
+    after = _split_everywhere(LowerReductions()(scheduled), var, tile)
     for split in (before, after):
         # every loop over var now runs alone inside a block loop of its own
         nested = [around for n in split.nests for s, around in _with_loops(n.body)
                   if isinstance(s, Loop) and s.var.name == var]
         assert nested and all(base_name(around[-1]) == f"{var}_blk" for around in nested)
-    for onf in (lower_reductions(before), after):
+    for onf in (LowerReductions()(before), after):
         for layout in ("row", "col"):
             _assert_same(_run(kernel, apply_layout(replace(onf, layout=layout))),
                          _expected(kernel), rtol=1e-12)
@@ -206,10 +206,10 @@ def _chain(stmts):
 ])
 def test_reorder_keeps_the_value(kernel, variant, lowered, nest, order):
     onf = initial_onf(_dnf(kernel, variant), variant)
-    onf = Reorder(order, nest)(lower_reductions(onf) if lowered else onf)
+    onf = Reorder(order, nest)(LowerReductions()(onf) if lowered else onf)
     reordered = next(n for n in onf.nests if n.target == nest)
     assert _chain(reordered.body)[:len(order)] == list(order)
-    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, variant", VARIANTS)
@@ -218,7 +218,7 @@ def test_reorder_of_the_parallel_rows_after_the_schedule(kernel, variant):
     rows = _chain(onf.nests[-1].body)[:2]
     onf = Reorder(tuple(reversed(rows)))(onf)
     assert all(_chain(n.body)[:2] == rows[::-1] for n in onf.nests)
-    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kernel, loops, nest", [
@@ -231,14 +231,14 @@ def test_parallel_marks_the_nest_and_keeps_the_value(kernel, loops, nest):
     onf = Parallel(loops, nest)(initial_onf(_dnf(kernel, "dnf"), "dnf"))
     marked = [len(loops) if nest in (None, n.label) else 0 for n in onf.nests]
     assert [n.body[0].parallel for n in onf.nests] == marked
-    _assert_same(_run(kernel, apply_layout(lower_reductions(onf))), _expected(kernel), rtol=1e-12)
+    _assert_same(_run(kernel, apply_layout(LowerReductions()(onf))), _expected(kernel), rtol=1e-12)
 
 
 # ---- the structure the schedules promise -----------------------------------------------
 
 def test_fused_attention_computes_each_row_max_once_outside_the_output_loops():
     onf = realize(_dnf("attention_fwd", "dnf"), "dnf",
-                  get_kernel("attention_fwd").variant("dnf").schedule())
+                  get_kernel("attention_fwd").variant("dnf").steps())
     for nest in onf.nests:
         maxes = [(s, around) for s, around in _with_loops(nest.body)
                  if isinstance(s, Update) and s.op == "max"]
@@ -270,7 +270,7 @@ def _arrays_touched(onf):
 @pytest.mark.parametrize("variant", get_kernel("attention_fwd").variants)
 def test_only_naive_attention_has_n_by_n_temporaries(variant):
     onf = realize(_dnf("attention_fwd", variant), variant,
-                  get_kernel("attention_fwd").variant(variant).schedule())
+                  get_kernel("attention_fwd").variant(variant).steps())
     square = _square_buffers(onf)
     temps = {t.name for t in onf.temps}
     if variant == "naive":
@@ -290,7 +290,7 @@ def test_accumulate_over_the_role_of_the_output_loop_keeps_the_value():
     loops = [s.var.name for s in walk(onf.nests[0].body) if isinstance(s, Loop)]
     assert sorted(loops) == ["c", "c", "c2", "i"]
     a, b = _rng.standard_normal((3, 5)), _rng.standard_normal((5, 7))
-    np.testing.assert_allclose(run_onf(apply_layout(lower_reductions(onf)), {"A": a, "B": b},
+    np.testing.assert_allclose(run_onf(apply_layout(LowerReductions()(onf)), {"A": a, "B": b},
                                        {})["C"], a @ b, rtol=1e-13)
 
 

@@ -12,8 +12,9 @@ from moagen.onf.simd import mark_simd, simd_clauses
 I, N = sym("i"), sym("n")
 
 
-def _loops(kernel, variant=None):
-    return [s for n in onf_of(kernel, variant).nests for s in walk(n.body) if isinstance(s, Loop)]
+def _loops(kernel, variant=None, params=None):
+    return [s for n in onf_of(kernel, variant, params=params).nests for s in walk(n.body)
+            if isinstance(s, Loop)]
 
 
 def test_dot_products_are_simd_reductions_in_both_languages():
@@ -27,9 +28,10 @@ def test_dot_products_are_simd_reductions_in_both_languages():
 def test_unrolled_rows_share_one_vectorized_loop():
     """Four query rows of online attention: four sums in one loop, and four rows of O
     updated in one loop, a whole row apart."""
-    clauses = [simd_clauses(lp) for lp in _loops("attention_fwd", "online") if lp.simd]
+    four = {"rows": 4, "keys": 4}
+    clauses = [simd_clauses(lp) for lp in _loops("attention_fwd", "online", four) if lp.simd]
     assert " reduction(+:qk_0, qk_1, qk_2, qk_3)" in clauses
-    pv = [lp for lp in _loops("attention_fwd", "online") if lp.simd
+    pv = [lp for lp in _loops("attention_fwd", "online", four) if lp.simd
           and sum(isinstance(s, Store) and s.array == "O" for s in lp.body) == 4]
     assert pv
 

@@ -14,7 +14,8 @@ from moagen.kernels import get_kernel
 
 def test_defaults_space_and_candidates():
     tiled = get_kernel("mlp_fwd").variant("tiled")
-    assert tiled.params({"mr": 4}) == {"mr": 4, "nr": 8, "row_block": 96}
+    assert tiled.params({"mr": 4}) == {"mr": 4, "nr": 8, "row_block": 0}
+    assert tiled.params({"mr": 4}, "cuda") == {"mr": 4, "nr": 8, "row_block": 96}
     with pytest.raises(UnknownNameError, match="no schedule parameter rows"):
         tiled.params({"rows": 4})
     tried = tune.candidates(tiled)
@@ -26,8 +27,10 @@ def test_defaults_space_and_candidates():
 def test_emitted_source_names_its_parameters():
     default = emit("attention_fwd", "online", "c")
     two = emit("attention_fwd", "online", "c", params={"rows": 2})
-    assert "unroll_jam(rows, i, 4)" in default and "--param" not in default
+    assert "unroll_jam(rows, i, 8)" in default and "--param" not in default
+    assert "Target cpu; schedule parameters rows=8 keys=2." in default
     assert "unroll_jam(rows, i, 2)" in two and "--variant online --param rows=2" in two
+    assert "Target cpu; schedule parameters rows=2 keys=2." in two
     assert "qk_1" in two and "qk_2" not in two
 
 

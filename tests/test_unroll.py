@@ -50,8 +50,9 @@ def test_refuses_what_would_change_the_value():
     with pytest.raises(ScheduleError, match="no nest"):
         UnrollJam("z", "i", 2)(_row_sums())
     with pytest.raises(ScheduleError, match="0 rows together"):
-        rows_together("y", ("i",), 0)
-    assert rows_together("y", ("i",), 1) == (Parallel(("i",), nest="y"),)
+        rows_together("y", "i", 0)
+    assert rows_together("y", "i", 1) == ()
+    assert rows_together("y", "i", 2) == (UnrollJam("y", "i", 2),)
 
 
 def test_bounds_that_depend_on_the_row_cannot_be_shared():
@@ -162,7 +163,7 @@ def test_jamming_refuses_iterations_that_read_what_they_sum_into():
 
 
 def test_attention_adds_four_value_rows_at_a_time():
-    onf = onf_of("attention_fwd", "online")
+    onf = onf_of("attention_fwd", "online", params={"rows": 4, "keys": 4})
     tiled = next(s for s in walk(onf.nests[0].body) if isinstance(s, Loop) and
                  s.var.name == "j_tile")
     stores = [s for s in walk(tiled.body) if isinstance(s, Store)]

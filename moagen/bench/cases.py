@@ -113,7 +113,7 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
         return lambda *args, out=None, **kw: reference(*args, **kw)
     if lang == NO_RESTRICT:
         return _load_without_restrict(kernel, variant, dtype)
-    return runtime.load(kernel, variant, lang, dtype, params)
+    return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
 
 
 def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):

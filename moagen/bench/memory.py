@@ -86,7 +86,7 @@ def _measure_here(kernel, variant, lang, dtype, sizes) -> dict:
 
     from moagen import runtime, verify
 
-    fn = runtime.load(kernel, variant, lang, dtype)
+    fn = runtime.load(kernel, variant, lang, dtype, tuned=False)
     sig = fn.signature
     env = {s: sizes[s.name] for s in sig.sizes}
     shape = lambda param: tuple(int(dim.subs(env)) for dim in param.shape)

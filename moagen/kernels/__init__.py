@@ -11,6 +11,7 @@ from moagen.errors import UnknownNameError
 from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd, block,
                             kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.compose import Composite, compose
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 
@@ -42,8 +43,12 @@ class Variant:
                                    f"{', '.join(defaults) or '(none)'}")
         return {**defaults, **chosen}
 
-    def schedule(self, params=None, target: str = "cpu") -> Tuple:
+    def layers(self, params=None, target: str = "cpu") -> Layers:
         return self.build(**self.params(params, target))
+
+    def steps(self, params=None, target: str = "cpu") -> Tuple:
+        """Every step for the target: its algorithm, loop schedule and mapping."""
+        return self.layers(params, target).steps(target)
 
 
 class _Variants:
@@ -77,10 +82,11 @@ class Kernel(_Variants):
         from moagen.moa.dnf import psi_reduce
         return psi_reduce(self.spec, self.variant(variant).materialize)
 
-    def onf(self, variant=None, layout="row", params=None, target="cpu"):
+    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None):
+        """The final ONF for a target kind; upto = K: the ONF after its first K steps."""
         from moagen.onf.realize import realize
         v = self.variant(variant)
-        return realize(self.dnf(variant), v.name, v.schedule(params, target), layout)
+        return realize(self.dnf(variant), v.name, v.steps(params, target), layout, upto)
 
 
 @dataclass(frozen=True)
@@ -96,11 +102,14 @@ class CompositeKernel(_Variants):
 
     @property
     def variants(self):
-        return {"composed": Variant("composed", frozenset(), lambda: ())}
+        return {"composed": Variant("composed", frozenset(), lambda: Layers(mapping=cpu()))}
 
-    def onf(self, variant=None, layout="row", params=None, target="cpu"):
+    def onf(self, variant=None, layout="row", params=None, target="cpu", upto=None):
         from moagen.pipeline import onf_of
         self.variant(variant).params(params)  # a composite has none
+        if upto is not None:
+            raise UnknownNameError(f"{self.name}: a composite's steps are its stages'; show "
+                                   "a stage kernel's steps instead")
         if layout != "row":
             raise UnknownNameError(f"{self.name}: composites are emitted row-major only")
         return compose(self.composite, lambda *a, **kw: onf_of(*a, **kw, target=target))
@@ -117,8 +126,8 @@ def _variant(name, entry):
     if isinstance(entry, Tunable):
         return Variant(name, entry.materialize, entry.build, entry.per_target(),
                        dict(entry.space))
-    materialize, schedule = entry
-    return Variant(name, materialize, lambda: schedule)
+    materialize, layers = entry
+    return Variant(name, materialize, lambda: layers)
 
 
 # each kernel module lists its (spec, variants[, validate]) tuples; a composite's variants

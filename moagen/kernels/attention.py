@@ -2,14 +2,16 @@
 subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyTorch's
 is_causal). Written once; the variants differ only in what they materialize and in their
 schedule."""
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
                              psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
-from moagen.onf.schedule import Accumulate, Hoist, Parallel
-from moagen.onf.unroll import keys_summed, rows_together
+from moagen.onf.reductions import LowerReductions
+from moagen.onf.schedule import Accumulate, GpuThreads, Hoist, Parallel
+from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 Q = array("Q", "batch", "heads", "n", "d")
 K = array("K", "batch", "heads", "n", "d")
@@ -50,6 +52,8 @@ def spec(causal: bool) -> KernelSpec:
 
 ROWS = ("b", "h", "i")
 KEY_BLOCK = 64
+ROW_PASS = (Accumulate("c", over="j", nest="O"), FuseNests(("O", "lse"), over=ROWS, name="rows"),
+            Hoist())
 
 
 def _online(rows, keys):
@@ -58,23 +62,28 @@ def _online(rows, keys):
     and add `keys` value rows at a time into their output rows (each output element loaded
     and stored once per `keys` terms). The threads take the row groups in turn: they walk
     one head's keys at the same time, so the last-level cache holds one head's K and V, not
-    one per thread (float64, d 128, n 8192: 16 MiB a head, 32 MiB for two)."""
-    return (Accumulate("c", over="j", nest="O"),
-            FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
-            OnlineSoftmax("rows", block=KEY_BLOCK), *keys_summed("rows", keys),
-            *rows_together("rows", ROWS, rows, interleave=True))
+    one per thread (float64, d 128, n 8192: 16 MiB a head, 32 MiB for two). On a GPU a
+    thread takes a row group."""
+    parallel = ROWS[:-1] + (tiled("i", rows),)
+    return Layers(algorithm=ROW_PASS + (OnlineSoftmax("rows", block=KEY_BLOCK),),
+                  schedule=(*keys_summed("rows", keys), LowerReductions(),
+                            *rows_together("rows", "i", rows)),
+                  mapping={"cpu": (Parallel(parallel, nest="rows", interleave=True),),
+                           "cuda": (GpuThreads(parallel, nest="rows"),)})
 
 
 VARIANTS = {
     # the standard implementation: the n x n scores and probabilities live in memory
-    "naive": (frozenset({"scores", "probs"}), (Hoist(), Parallel(ROWS))),
+    "naive": (frozenset({"scores", "probs"}), Layers(algorithm=(Hoist(),),
+                                                     mapping=cpu(Parallel(ROWS)))),
     # row-wise: nothing of size n x n; each row's max and sum are computed once, and each
     # probability once per key, then spread over the output row
-    "dnf": (frozenset(), (Accumulate("c", over="j", nest="O"),
-                          FuseNests(("O", "lse"), over=ROWS, name="rows"), Hoist(),
-                          Parallel(ROWS))),
-    "online": Tunable(frozenset(), _online, defaults={"rows": 4, "keys": 4},
-                      space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)}),
+    "dnf": (frozenset(), Layers(algorithm=ROW_PASS, mapping=cpu(Parallel(ROWS)))),
+    # CPU defaults: what `moagen tune` chose on the development machines (rows 6-8, keys 2
+    # to 4, float64 and float32, d 64 and 128); on a GPU a thread takes 4 rows
+    "online": Tunable(frozenset(), _online, defaults={"rows": 8, "keys": 2},
+                      space={"rows": (1, 2, 4, 6, 8), "keys": (1, 2, 4)},
+                      cuda={"rows": 4, "keys": 4}),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -8,6 +8,7 @@ the output gradient dO (per batch and head; optionally causal):
     dQ = scale * dS K,      dK = scale * dS^T Q
 """
 from moagen.kernels.attention import K, Q, V, causal_mask
+from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
@@ -47,26 +48,28 @@ def spec(causal: bool) -> KernelSpec:
 
 # dQ rows belong to query rows, dK and dV rows to key rows: each nest is parallel over the
 # rows it owns, so no thread writes another's output and no atomics are needed
-OWNERS = (Parallel(("b", "h", "i"), nest="dQ"), Parallel(("b", "h", "j"), nest="dK"),
-          Parallel(("b", "h", "j"), nest="dV"))
+QUERY_ROWS, KEY_ROWS = ("b", "h", "i"), ("b", "h", "j")
+OWNERS = (Parallel(QUERY_ROWS, nest="dQ"), Parallel(KEY_ROWS, nest="dK"),
+          Parallel(KEY_ROWS, nest="dV"))
 SPREAD = (Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dK"),
           Accumulate("c", over="i", nest="dV"))
+SCATTER_DK = Scatter("dK", over="i", outer=("b", "h"))
 VARIANTS = {
     # the n x n P and dS go to memory, as a framework's backward does
-    "naive": (frozenset({"P", "dS", "delta"}),
-              (Hoist(), Parallel(("b", "h", "i"), nest="P"), Parallel(("b", "h", "i"), nest="dS"),
-               Parallel(("b", "h", "i"), nest="delta")) + OWNERS),
+    "naive": (frozenset({"P", "dS", "delta"}), Layers(
+        algorithm=(Hoist(),),
+        mapping=cpu(*(Parallel(QUERY_ROWS, nest=n) for n in ("P", "dS", "delta")), *OWNERS))),
     # each softmax row recomputed from Q, K and lse; only delta (one number a row) is stored
-    "dnf": (frozenset({"delta"}),
-            SPREAD + (Hoist(), Parallel(("b", "h", "i"), nest="delta")) + OWNERS),
+    "dnf": (frozenset({"delta"}), Layers(algorithm=SPREAD + (Hoist(),),
+                                         mapping=cpu(Parallel(QUERY_ROWS, nest="delta"),
+                                                     *OWNERS))),
     # dQ and dK in one pass over query rows, dK's updates atomic: the separate backward
     # the fused kernel's atomics are counted against
-    "atomic": (frozenset({"delta"}), (
-        Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
-        Scatter("dK", over="i", outer=("b", "h")),
-        FuseNests(("dQ", "dK"), over=("b", "h", "i"), name="rows"),
-        Hoist(), Parallel(("b", "h", "i"), nest="delta"), Parallel(("b", "h", "i"), nest="rows"),
-        Parallel(("b", "h", "j"), nest="dK.zero"), Parallel(("b", "h", "j"), nest="dV"))),
+    "atomic": (frozenset({"delta"}), Layers(
+        algorithm=(Accumulate("c", over="j", nest="dQ"), Accumulate("c", over="i", nest="dV"),
+                   SCATTER_DK, FuseNests(("dQ", "dK"), over=QUERY_ROWS, name="rows"), Hoist()),
+        mapping=cpu(Parallel(QUERY_ROWS, nest="delta"), Parallel(QUERY_ROWS, nest="rows"),
+                    Parallel(KEY_ROWS, nest=SCATTER_DK.zero), Parallel(KEY_ROWS, nest="dV")))),
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

@@ -7,15 +7,17 @@ kv_heads = 1. The query is the newest position, so it sees every valid row: deco
 causal by construction.
 """
 from moagen.kernels.attention import KEY_BLOCK
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.online import OnlineSoftmax
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.schedule import Accumulate, Hoist, Parallel
 from moagen.onf.splitkeys import SplitKeys
 from moagen.onf.splitloop import SplitLoop
-from moagen.onf.unroll import keys_summed, rows_together
+from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 Q = array("q", "batch", "q_heads", "d")
 K_CACHE = array("K", "batch", "kv_heads", "cap", "d")
@@ -69,25 +71,30 @@ def _online(heads, keys):
     """One pass, running max and sum, over blocks of keys; the query heads walked group by
     group (h = GROUP g + r), `heads` of a group together (they read the same KV rows: once),
     adding `keys` value rows at a time into their output rows."""
-    return ROW + (OnlineSoftmax("heads", block=KEY_BLOCK), *keys_summed("heads", keys),
-                  SplitLoop("heads", "h", outer="kv_heads", inner=GROUP),
-                  *rows_together("heads", ("b", "g", "r"), heads))
+    groups = SplitLoop("heads", "h", outer="kv_heads", inner=GROUP)
+    return Layers(algorithm=ROW + (OnlineSoftmax("heads", block=KEY_BLOCK),),
+                  schedule=(*keys_summed("heads", keys), groups, LowerReductions(),
+                            *rows_together("heads", groups.members, heads)),
+                  mapping=cpu(Parallel(("b", groups.groups, tiled(groups.members, heads)),
+                                       nest="heads")))
 
 
 def _split(heads):
     """The valid rows cut into slices run in parallel, merged by their logsumexp."""
-    return ROW + (OnlineSoftmax("heads"),
-                  SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS),
-                  *rows_together("heads.partial", HEADS + ("s",), heads, loop="h"),
-                  Parallel(HEADS, nest="heads.merge"))
+    split = SplitKeys("heads", over=HEADS, var="j", splits=KEY_SPLITS)
+    return Layers(algorithm=ROW + (OnlineSoftmax("heads"), split, LowerReductions()),
+                  schedule=rows_together(split.partial, "h", heads),
+                  mapping=cpu(Parallel(("b", tiled("h", heads), split.slices), nest=split.partial),
+                              Parallel(HEADS, nest=split.merge)))
 
 
 HEAD_SPACE = {"heads": (1, 2, 4, 8)}
 VARIANTS = {
     # three passes over the valid rows (max, sum, weighted sum)
-    "dnf": (frozenset(), ROW + (Parallel(HEADS),)),
-    "online": Tunable(frozenset(), _online, defaults={"heads": 4, "keys": 2},
-                      space={**HEAD_SPACE, "keys": (1, 2, 4)}),
+    "dnf": (frozenset(), Layers(algorithm=ROW, mapping=cpu(Parallel(HEADS)))),
+    # the CPU's keys 1: what `moagen tune` chose on the development machines (float32, n 65536)
+    "online": Tunable(frozenset(), _online, defaults={"heads": 4, "keys": 1},
+                      space={**HEAD_SPACE, "keys": (1, 2, 4)}, cuda={"keys": 2}),
     "split": Tunable(frozenset(), _split, defaults={"heads": 4}, space=HEAD_SPACE),
 }
 

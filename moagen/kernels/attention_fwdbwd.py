@@ -17,6 +17,7 @@ stored. Two ONFs of the same DNF:
 """
 from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
@@ -26,6 +27,7 @@ from moagen.onf.online import OnlineSoftmax
 from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
 from moagen.onf.partials import PartBuffers
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 
@@ -65,50 +67,63 @@ def _owner(rows, keys, parts):
     (PartBuffers), summed after: six n x n x d products instead of nine, and the key rows'
     pass runs in parallel over heads and parts rather than over key rows; it sweeps the
     query blocks by blocks of 64 key rows (BlockInterchange)."""
-    steps = (Accumulate("c", over="j", nest="O"),
-             Scatter("dQ", over="j", outer=("b", "h")) if parts else
-             Accumulate("c", over="j", nest="dQ"),
-             Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
-             FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
-             FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
-                       name="keys"),
-             Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK))
+    scatter_dq = Scatter("dQ", over="j", outer=("b", "h"))
+    algorithm = (Accumulate("c", over="j", nest="O"),
+                 scatter_dq if parts else Accumulate("c", over="j", nest="dQ"),
+                 Accumulate("c", over="i", nest="dK"), Accumulate("c", over="i", nest="dV"),
+                 FuseNests(("O", "lse", "delta"), over=QUERY_ROWS, name="forward"),
+                 FuseNests(("dK", "dV", "dQ") if parts else ("dK", "dV"), over=KEY_ROWS,
+                           name="keys"),
+                 Hoist(), OnlineSoftmax("forward", block=KEY_BLOCK), LowerReductions())
     if parts:
-        key_rows = ("b", "h", "p")
-        steps += (KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts),
-                  Parallel(key_rows, nest="dQ.zero"), Parallel(QUERY_ROWS, nest="dQ.merge"))
-        passes = (("forward", QUERY_ROWS, "j", None), ("keys", key_rows, "i", "j_in"))
+        key_blocks, split = KeyBlocks("keys", "i", KEY_BLOCK), PartBuffers("keys", "j", "dQ", parts)
+        algorithm += (key_blocks, split)
+        passes = (("forward", QUERY_ROWS, "j"), ("keys", ("b", "h", split.within), "i"))
+        extra = (Parallel(("b", "h", split.part), nest=split.zero),
+                 Parallel(QUERY_ROWS, nest=split.merge))
     else:
-        steps += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
-        passes = (("forward", QUERY_ROWS, "j", None), ("dQ", QUERY_ROWS, "j", None),
-                  ("keys", KEY_ROWS, "i", None))
-    for nest, parallel, other, jammed in passes:
-        steps += keys_summed(nest, keys, loop=other) + \
-            rows_together(nest, parallel, rows, loop=jammed)
+        algorithm += (KeyBlocks("dQ", "j", KEY_BLOCK), KeyBlocks("keys", "i", KEY_BLOCK))
+        passes = (("forward", QUERY_ROWS, "j"), ("dQ", QUERY_ROWS, "j"), ("keys", KEY_ROWS, "i"))
+        extra = ()
+    schedule, mapping = (), ()
+    for nest, loops, other in passes:
+        jammed = loops[-1]
+        schedule += keys_summed(nest, keys, loop=other) + rows_together(nest, jammed, rows)
+        # with parts the key rows' pass is parallel over its parts, the rows inside them
+        parallel = ("b", "h", split.part) if parts and nest == "keys" else \
+            loops[:-1] + (tiled(jammed, rows),)
+        mapping += (Parallel(parallel, nest=nest),)
     if parts and rows < KEY_BLOCK:
         # blocks of 64 key rows sweep the query blocks together: a query block is read once
         # for them
-        steps += (BlockInterchange("keys", tiled("j_in", rows), "i_blk", KEY_BLOCK // rows),)
+        schedule += (BlockInterchange("keys", tiled(split.within, rows), key_blocks.blocks,
+                                      KEY_BLOCK // rows),)
     # the key rows' additions into dK, dV (and dQ's part) a loop each
-    return steps + (Distribute("c"),)
+    schedule += (Distribute("c"),)
+    return Layers(algorithm, schedule, cpu(*mapping, *extra))
 
 
-ATOMIC = (frozenset(), (
-    Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
-    Scatter("dK", over="i", outer=("b", "h")), Scatter("dV", over="i", outer=("b", "h")),
-    FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
-    Hoist(),
-    Parallel(QUERY_ROWS, nest="rows"),
-    Parallel(KEY_ROWS, nest="dK.zero"), Parallel(KEY_ROWS, nest="dV.zero")))
+dK_dV_SCATTERED = (Scatter("dK", over="i", outer=("b", "h")),
+                   Scatter("dV", over="i", outer=("b", "h")))
+ATOMIC = (frozenset(), Layers(
+    algorithm=(Accumulate("c", over="j", nest="O"), Accumulate("c", over="j", nest="dQ"),
+               *dK_dV_SCATTERED,
+               FuseNests(("O", "lse", "dQ", "dK", "dV"), over=QUERY_ROWS, name="rows"),
+               Hoist()),
+    mapping=cpu(Parallel(QUERY_ROWS, nest="rows"),
+                *(Parallel(KEY_ROWS, nest=s.zero) for s in dK_dV_SCATTERED))))
 
 
-# by default dQ keeps its pass (parts 0): on the GPU that pass runs a thread per query row,
-# the parts only one per part of a head's keys
+# on a CPU dQ comes from the key rows' pass, in one part (the heads already feed the
+# threads): what `moagen tune` chose on the development machines at d 64 and 128. On a GPU
+# dQ keeps its pass (parts 0): that pass runs a thread per query row, the parts only one per
+# part of a head's keys
 VARIANTS = {"atomic": ATOMIC,
             "owner": Tunable(frozenset({"delta"}), _owner,
-                             defaults={"rows": 4, "keys": 4, "parts": 0},
+                             defaults={"rows": 4, "keys": 2, "parts": 1},
                              space={"rows": (1, 2, 4, 8), "keys": (1, 2, 4),
-                                    "parts": (0, 1, 2, 4)})}
+                                    "parts": (0, 1, 2, 4)},
+                             cuda={"keys": 4, "parts": 0})}
 
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]

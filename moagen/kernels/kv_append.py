@@ -1,5 +1,6 @@
 """Append one row per (batch, KV head) to a preallocated KV cache: the new K and V rows go to
 row n of the caches (n rows are valid before the call), in place, in O(d) per head."""
+from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import BinOp, array, dim, iota, lift, psi, where
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.inplace import InPlace
@@ -37,8 +38,8 @@ def validate(sizes, scalars):
 
 VARIANTS = {
     # only row n of each cache is written, into the caches themselves
-    "dnf": (frozenset(), (InPlace("K_out", "K"), InPlace("V_out", "V"),
-                          Parallel(("b", "g")))),
+    "dnf": (frozenset(), Layers(algorithm=(InPlace("K_out", "K"), InPlace("V_out", "V")),
+                                mapping=cpu(Parallel(("b", "g"))))),
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]

@@ -14,6 +14,7 @@ variants; the weight gradients are sums over all rows computed by
 whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
 runs over the rows in one fixed order.
 """
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, exp, inner, lift, named, psi, reduce, silu, transpose
 from moagen.moa.spec import KernelSpec, Output
@@ -105,10 +106,9 @@ BACKWARD = {"rows": {"dH": "e", "V": "e", "dX": "c"},
 
 def _plain(nests):
     """Each nest as the DNF gives it, parallel over the rows it writes."""
-    steps = [Hoist()]
-    steps += [Parallel(ROWS, nest=n) for n in list(nests["rows"]) + list(nests["elementwise"])]
-    steps += [Parallel((rows,), nest=n) for n, (rows, _) in nests["weights"].items()]
-    return tuple(steps) + _transposes(nests)
+    mapping = [Parallel(ROWS, nest=n) for n in list(nests["rows"]) + list(nests["elementwise"])]
+    mapping += [Parallel((rows,), nest=n) for n, (rows, _) in nests["weights"].items()]
+    return Layers(algorithm=(Hoist(),), mapping=cpu(*mapping, *_transposes(nests)))
 
 
 def _transposes(nests):
@@ -120,28 +120,33 @@ def _transposes(nests):
 def _tiled(nests, mr, nr, row_block):
     """Every contraction register tiled, row products parallel over (batch, row block),
     weight gradients over the weight's column tiles; the rest as in _plain."""
-    steps = []
+    schedule, mapping = [], []
     for label, cols in nests["rows"].items():
-        steps += [RegisterTile(label, "i", cols, mr, nr, row_block=row_block),
-                  Parallel(("b", "i_blk" if row_block else f"{cols}_tile"), nest=label),
-                  Parallel(ROWS, nest=f"{label}.edge")]
+        tile = RegisterTile(label, "i", cols, mr, nr, row_block=row_block)
+        schedule.append(tile)
+        if row_block:  # the tail's rows run as the blocks do
+            mapping.append(Parallel(("b", tile.row_blocks), nest=label))
+        else:
+            mapping += [Parallel(("b", tile.col_tiles), nest=label),
+                        Parallel(ROWS, nest=tile.edge)]
     for label, (rows, cols) in nests["weights"].items():
-        steps += [RegisterTile(label, rows, cols, mr, nr),
-                  Parallel((f"{cols}_tile",), nest=label),
-                  Parallel((rows,), nest=f"{label}.edge")]
-    steps.append(Hoist())
-    steps += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
-    return tuple(steps) + _transposes(nests)
+        tile = RegisterTile(label, rows, cols, mr, nr)
+        schedule.append(tile)
+        mapping += [Parallel((tile.col_tiles,), nest=label), Parallel((rows,), nest=tile.edge)]
+    mapping += [Parallel(ROWS, nest=n) for n in nests["elementwise"]]
+    return Layers(schedule=(*schedule, Hoist()), mapping=cpu(*mapping, *_transposes(nests)))
 
 
-# a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64); 96 rows of a
-# 512-wide operand: 384 KiB, held in a 1 MiB L2
-TILE_DEFAULTS = {"mr": 6, "nr": 8, "row_block": 96}
+# a 6 x 8 tile: 12 of the 16 vector registers hold accumulators (f64). On a CPU no row
+# blocks: what `moagen tune` chose on the development machines for float64, forward and
+# backward (with blocks of 96 rows, 384 KiB of a 512-wide operand, the GPU's default)
+TILE_DEFAULTS = {"mr": 6, "nr": 8, "row_block": 0}
 TILE_SPACE = {"mr": (4, 6, 8), "nr": (8, 16), "row_block": (0, 96)}
 
 
 def _tunable(temps, nests):
-    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE)
+    return Tunable(temps, lambda **params: _tiled(nests, **params), TILE_DEFAULTS, TILE_SPACE,
+                   cuda={"row_block": 96})
 
 
 FORWARD_VARIANTS = {

@@ -11,6 +11,7 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
 Every product is register tiled (moagen.onf.tiling); a weight that would be read across
 its rows is first stored transposed, once, so that every tile reads contiguous rows.
 """
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.spec import KernelSpec, Output
@@ -44,11 +45,25 @@ def _sum_batch(per_batch, name):
     return reduce("+", lift(("b",), ("batch",), per_batch), axis=0, var="b", name=name)
 
 
-def _row_tiles(nest, cols):
-    """A product over rows i of a (b[, h]) slice: tiled, parallel over b[, h] and column tiles."""
-    outer = ("b", "h") if cols == "c" else ("b",)
-    return (RegisterTile(nest, "i", cols, MR, NR), Parallel(outer + (f"{cols}_tile",), nest=nest),
-            Parallel(outer + ("i",), nest=f"{nest}.edge"))
+def _row_tiles(nest, cols, outer=None):
+    """A product over rows i of a (b[, h]) slice: tiled, parallel over b[, h] and column
+    tiles (its tail over b[, h] and rows)."""
+    outer = outer or (("b", "h") if cols == "c" else ("b",))
+    return _tiles(RegisterTile(nest, "i", cols, MR, NR), outer)
+
+
+def _tiles(tile, outer):
+    """(the tile, its mapping): parallel over the outer loops and column tiles, the tail
+    over the outer loops and rows."""
+    return tile, (Parallel(outer + (tile.col_tiles,), nest=tile.nest),
+                  Parallel(outer + (tile.rows,), nest=tile.edge))
+
+
+def _layers(*tiled, reorder=(), mapping=()):
+    """The layers of a variant made of register tiles (pairs from _tiles), after the loop
+    reorderings they need."""
+    return Layers(schedule=tuple(reorder) + tuple(t for t, _ in tiled),
+                  mapping=cpu(*(m for _, ms in tiled for m in ms), *mapping))
 
 
 QKV = KernelSpec(
@@ -60,7 +75,7 @@ QKV = KernelSpec(
                                                           name="xw")), HEAD_ROWS)
                   for name, w in (("Q", WQ), ("K", WK), ("V", WV))),
 )
-QKV_VARIANTS = {"tiled": (frozenset(), sum((_row_tiles(o, "c") for o in ("Q", "K", "V")), ()))}
+QKV_VARIANTS = {"tiled": (frozenset(), _layers(*(_row_tiles(o, "c") for o in ("Q", "K", "V"))))}
 
 
 def _weight_grad(x, grad):
@@ -88,17 +103,12 @@ def _qkv_backward():
     )
 
 
-def _weight_tiles(nest, order, rows, cols):
-    outer = order[0]
-    return (Reorder(order, nest=nest), RegisterTile(nest, rows, cols, MR, NR),
-            Parallel((outer, f"{cols}_tile"), nest=nest), Parallel((outer, rows), nest=f"{nest}.edge"))
-
-
-QKV_BWD_VARIANTS = {"tiled": (frozenset({"WqT", "WkT", "WvT"}), (
-    RegisterTile("dX", "i", "m", MR, NR), Parallel(("b", "m_tile"), nest="dX"),
-    Parallel(("b", "i"), nest="dX.edge"))
-    + sum((_weight_tiles(f"d{w}", ("h", "m", "c"), "m", "c") for w in ("Wq", "Wk", "Wv")), ())
-    + tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv")))}
+WEIGHT_ORDER = ("h", "m", "c")  # a weight gradient's loops: head outermost, then its rows
+QKV_BWD_VARIANTS = {"tiled": (frozenset({"WqT", "WkT", "WvT"}), _layers(
+    _row_tiles("dX", "m"),
+    *(_tiles(RegisterTile(f"d{w}", "m", "c", MR, NR), ("h",)) for w in ("Wq", "Wk", "Wv")),
+    reorder=tuple(Reorder(WEIGHT_ORDER, nest=f"d{w}") for w in ("Wq", "Wk", "Wv")),
+    mapping=tuple(Parallel(("h",), nest=f"{w}T") for w in ("Wq", "Wk", "Wv"))))}
 
 
 OUT = KernelSpec(
@@ -108,9 +118,7 @@ OUT = KernelSpec(
     outputs=(Output("Y", lift(("b",), ("batch",), psi(("b",), R) + _sum_heads(
         inner(psi(("b", "h"), O), psi(("h",), WO), var="c", name="ow"))), ("b", "i", "m")),),
 )
-OUT_VARIANTS = {"tiled": (frozenset(), (RegisterTile("Y", "i", "m", MR, NR),
-                                        Parallel(("b", "m_tile"), nest="Y"),
-                                        Parallel(("b", "i"), nest="Y.edge")))}
+OUT_VARIANTS = {"tiled": (frozenset(), _layers(_row_tiles("Y", "m")))}
 
 
 def _out_backward():
@@ -126,15 +134,15 @@ def _out_backward():
     )
 
 
-OUT_BWD_VARIANTS = {"tiled": (frozenset({"WoT"}), _row_tiles("dO", "c") + (
-    RegisterTile("dWo", "c", "m", MR, NR), Parallel(("h", "m_tile"), nest="dWo"),
-    Parallel(("h", "c"), nest="dWo.edge"), Parallel(("h",), nest="WoT")))}
+OUT_BWD_VARIANTS = {"tiled": (frozenset({"WoT"}), _layers(
+    _row_tiles("dO", "c"), _tiles(RegisterTile("dWo", "c", "m", MR, NR), ("h",)),
+    mapping=(Parallel(("h",), nest="WoT"),)))}
 
 
 RESIDUAL = array("x", "batch", "n", "dm")
 ADD = KernelSpec(name="residual_add", inputs=(RESIDUAL, R), scalars=(),
                  outputs=(Output("y", RESIDUAL + R, ("b", "i", "m")),))
-ROWS = Parallel(("b", "i"))
+ROWS = Layers(mapping=cpu(Parallel(("b", "i"))))
 
 KERNELS = [(QKV, QKV_VARIANTS), (_qkv_backward(), QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
-           (_out_backward(), OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), (ROWS,))})]
+           (_out_backward(), OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]

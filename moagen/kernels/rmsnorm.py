@@ -5,13 +5,17 @@
               dx = r * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dz * xhat
 
 The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r."""
+from dataclasses import replace
+
+from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests
 from moagen.onf.partials import PartialSums
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.schedule import Hoist, Parallel
-from moagen.onf.unroll import rows_together
+from moagen.onf.unroll import rows_together, tiled
 
 X = array("x", "batch", "n", "d")
 WEIGHT = array("weight", "d")
@@ -61,26 +65,37 @@ def positive_eps(kernel):
     return validate
 
 
-ROW_NESTS = (Parallel(ROWS, nest="z"), Parallel(ROWS, nest="inv_rms"))
 ROW_SPACE = {"rows": (1, 2, 4)}
+
+
+def _one_pass(rows):
+    """One pass per row: the statistic is stored and used while the row is in cache (rows >
+    1: a few rows at a time, their sums of squares independent chains of adds)."""
+    return Layers(algorithm=(FuseNests(("inv_rms", "z"), over=ROWS, name="rows"), Hoist()),
+                  schedule=(LowerReductions(), *rows_together("rows", "i", rows)),
+                  mapping=cpu(Parallel(ROWS[:-1] + (tiled("i", rows),), nest="rows")))
+
+
 FORWARD_VARIANTS = {
     # as a framework does it: the statistic is a pass of its own, then a second pass scales
-    "naive": (frozenset(), (Hoist(),) + ROW_NESTS),
-    # one pass per row: the statistic is stored and used while the row is in cache
-    # (rows > 1: a few rows at a time, their sums of squares independent chains of adds)
-    "dnf": Tunable(frozenset(), lambda rows: (FuseNests(("inv_rms", "z"), over=ROWS, name="rows"),
-                                              Hoist(), *rows_together("rows", ROWS, rows)),
-                   defaults={"rows": 1}, space=ROW_SPACE),
+    "naive": (frozenset(), Layers(algorithm=(Hoist(),),
+                                  mapping=cpu(Parallel(ROWS, nest="z"),
+                                              Parallel(ROWS, nest="inv_rms")))),
+    "dnf": Tunable(frozenset(), _one_pass, defaults={"rows": 1}, space=ROW_SPACE),
 }
 PARTS = 16  # dweight's partial sums: fixed, so the result does not depend on the threads
+DWEIGHT_PARTS = PartialSums("dweight", "i", PARTS)
 BACKWARD_VARIANTS = {
     # dx row by row, then dweight's partial sums: x and dz are read twice
-    "naive": (frozenset(), (PartialSums("dweight", "i", PARTS), Hoist(), Parallel(ROWS, nest="dx"),
-                            Parallel(("p",), nest="dweight.partial"))),
+    "naive": (frozenset(), Layers(algorithm=(DWEIGHT_PARTS, Hoist()),
+                                  mapping=cpu(Parallel(ROWS, nest="dx"),
+                                              Parallel((DWEIGHT_PARTS.part,),
+                                                       nest=DWEIGHT_PARTS.partial)))),
     # one pass: each part's rows compute their dx and add to the part's dweight while the row
     # is in cache
-    "dnf": (frozenset(), (PartialSums("dweight", "i", PARTS, rows="dx"), Hoist(),
-                          Parallel(("p",), nest="dweight.partial"))),
+    "dnf": (frozenset(), Layers(algorithm=(replace(DWEIGHT_PARTS, rows="dx"), Hoist()),
+                                mapping=cpu(Parallel((DWEIGHT_PARTS.part,),
+                                                     nest=DWEIGHT_PARTS.partial)))),
 }
 
 # the forward's scaling alone, from a kept statistic: how a backward recomputes x / r
@@ -93,4 +108,4 @@ APPLY = KernelSpec(
 )
 
 KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")), (_backward(), BACKWARD_VARIANTS),
-           (APPLY, {"dnf": (frozenset(), (Parallel(ROWS),))})]
+           (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]

@@ -9,21 +9,28 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               perfect_chain, stmt_exprs, walk)
-from moagen.onf.names import base_name
+from moagen.onf.names import base_name, nest_role
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class Scatter:
+class Scatter(Step):
     """`for outer.., for rows.., out[.., row, ..] = sum_i f(i, row)` becomes a nest that zeroes
     `out` (named `<nest>.zero`) and a nest `for outer.., for i, for rows..: out[..] += f`, its
     updates atomic: iterations of i, run in parallel, add to the same rows. This is the
     backward's dK and dV under a loop over query rows."""
+    layer = "algorithm"
     nest: str
     over: str
     outer: Tuple[str, ...]  # loops kept outside the new reduction loop (batch, head)
 
     def __str__(self):
         return f"scatter({self.nest}, over={self.over}, outer=({', '.join(self.outer)}))"
+
+    @property
+    def zero(self) -> str:
+        """The nest it creates that zeroes the array before the additions."""
+        return nest_role(self.nest, "zero")
 
     def __call__(self, onf: ONF) -> ONF:
         nest = find_nest(onf, self.nest, self)
@@ -49,15 +56,15 @@ class Scatter:
         nests = []
         for n in onf.nests:
             if n is nest:
-                nests += [Nest(n.target, enclose(loops, (zero,)), f"{n.target} = 0",
-                               f"{n.label}.zero"), replace(n, body=body)]
+                nests += [Nest(n.target, enclose(loops, (zero,)), f"{n.target} = 0", self.zero),
+                          replace(n, body=body)]
             else:
                 nests.append(n)
         return onf.with_nests(nests, str(self))
 
 
 @dataclass(frozen=True)
-class FuseNests:
+class FuseNests(Step):
     """Run several nests as one: they must start with the same loops `over`, and a later
     nest may read what an earlier one wrote only at the same iteration of those loops
     (the backward reading the forward's O and lse of the same row). Inside, sibling loops

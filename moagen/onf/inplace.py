@@ -8,10 +8,12 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.onf.loops import ONF, Store, enclose, perfect_chain
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class InPlace:
+class InPlace(Step):
+    layer = "algorithm"
     output: str
     input: str
 

@@ -23,13 +23,15 @@ import sympy
 
 from moagen.errors import ScheduleError
 from moagen.moa.expr import idiv
-from moagen.onf.loops import Let, Loop, ONF, find_nest, names_read
-from moagen.onf.schedule import kernel_names, rewrite_loops
+from moagen.onf.loops import Let, Loop, ONF, find_nest, names_read, walk
+from moagen.onf.names import loop_role
+from moagen.onf.schedule import claim_loop, kernel_names, rewrite_loops
+from moagen.onf.step import Step
 from moagen.onf.unroll import check_sum_only, summed_arrays
 
 
 @dataclass(frozen=True)
-class BlockInterchange:
+class BlockInterchange(Step):
     nest: str
     loop: str
     across: str
@@ -37,6 +39,11 @@ class BlockInterchange:
 
     def __str__(self):
         return f"block_interchange({self.nest}, {self.loop}, {self.across}, {self.block})"
+
+    @property
+    def blocks(self) -> str:
+        """The loop over blocks of `loop` it creates."""
+        return loop_role(self.loop, "blk")
 
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 2:
@@ -46,7 +53,7 @@ class BlockInterchange:
 
         def block(loop, scope):
             done.append(loop)
-            return self._blocked(loop, names)
+            return self._blocked(loop, names, scope)
 
         body = rewrite_loops(nest.body, self.loop, block)
         if not done:
@@ -54,7 +61,7 @@ class BlockInterchange:
         return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
                               str(self))
 
-    def _blocked(self, loop, names):
+    def _blocked(self, loop, names, scope):
         across = [pos for pos, s in enumerate(loop.body)
                   if isinstance(s, Loop) and s.var.name == self.across]
         if len(across) != 1 or loop.parallel:
@@ -70,7 +77,8 @@ class BlockInterchange:
                                 f"read {', '.join(sorted(read_later))}, set before it")
         check_sum_only(self, loop, summed_arrays(loop))
 
-        blk = sympy.Symbol(names.claim(names.new(f"{self.loop}_blk")), integer=True)
+        inside = {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        blk = claim_loop(names, self.blocks, scope | inside, self)
         first = loop.start + self.block * blk
         each = lambda stmts: Loop(loop.var, first, sympy.Min(loop.stop, first + self.block),
                                   tuple(stmts))

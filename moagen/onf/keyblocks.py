@@ -32,13 +32,15 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, find_nest, names_read,
                               scratch_row, walk)
-from moagen.onf.reductions import lower_reductions
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import loop_role
+from moagen.onf.reductions import require_lowered
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 from moagen.onf.unroll import check_sum_only, summed_arrays
 
 
 @dataclass(frozen=True)
-class KeyBlocks:
+class KeyBlocks(Step):
     nest: str
     loop: str
     block: int
@@ -46,11 +48,16 @@ class KeyBlocks:
     def __str__(self):
         return f"key_blocks({self.nest}, {self.loop}, {self.block})"
 
+    @property
+    def blocks(self) -> str:
+        """The loop over blocks of keys it creates (i_blk)."""
+        return loop_role(self.loop, "blk")
+
     def __call__(self, onf: ONF) -> ONF:
         if self.block < 2:
             raise ScheduleError(f"{self}: a block holds at least two keys")
-        onf = lower_reductions(onf)  # the dot products as loops, to be steps of their own
         nest = find_nest(onf, self.nest, self)
+        require_lowered(nest, self)  # the dot products as loops, to be steps of their own
         names, temps, found = kernel_names(onf), [], []
         body = self._rewrite(nest.body, (), names, temps, found)
         if not found:
@@ -78,7 +85,9 @@ class KeyBlocks:
     def _blocks(self, loop, loops, names, temps):
         sums, lets, adds = self._steps(loop.body)
         size, j, row = self.block, loop.var, tuple(lp.var for lp in loops)
-        block = sympy.Symbol(names.claim(names.new(f"{self.loop}_blk")), integer=True)
+        scope = {lp.var.name for lp in loops} | \
+            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        block = claim_loop(names, self.blocks, scope, self)
         first = loop.start + size * block
         key = row + (j - first,)
 

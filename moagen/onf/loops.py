@@ -34,6 +34,7 @@ class Loop(Stmt):
     # vectorizer must not vectorize this loop across its iterations instead
     vector_tile: bool = False
     simd: bool = False  # vectorized by the compiler with its reductions (moagen.onf.simd)
+    threads: int = 0  # a parallel loop on a GPU: threads a thread block (GpuThreads)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Nest:
     body: Tuple[Stmt, ...]
     origin: str  # the DNF line it came from, printed as a comment above the nest
     name: str = ""  # how schedules refer to it, when not by its target
+    # a tail nest (the iterations past a nest's last full tile) names the nest it is the
+    # tail of, and the parent's loops it runs under other names (i_tile -> i): a mapping of
+    # the parent (its parallel loops) applies to its tails through these
+    parent: str = ""
+    renames: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def label(self):
@@ -134,6 +140,19 @@ def find_nest(onf: "ONF", label: str, who) -> "Nest":
             return n
     raise ScheduleError(f"{who}: {onf.name} has no nest {label!r}; it has "
                         f"{', '.join(n.label for n in onf.nests)}")
+
+
+def tails(onf: "ONF", label: str):
+    """(tail nest, {parent loop name: the tail's}) for every tail of nest label, tails of
+    tails included, the renames composed."""
+    found = []
+    for n in onf.nests:
+        if n.parent == label:
+            renames = dict(n.renames)
+            found.append((n, renames))
+            found += [(t, {k: inner.get(v, v) for k, v in renames.items()} | inner)
+                      for t, inner in tails(onf, n.label)]
+    return found
 
 
 def loop_nest(stmts):
@@ -249,7 +268,8 @@ def _format_block(stmts, depth):
     out = []
     for s in stmts:
         if isinstance(s, Loop):
-            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}) "
+            mark = (f"parallel({s.parallel}{', interleaved' if s.interleave else ''}"
+                    f"{f', {s.threads} GPU threads a block' if s.threads else ''}) "
                     if s.parallel else "") + \
                 ("vector-tile " if s.vector_tile else "") + ("simd " if s.simd else "")
             out.append(f"{pad}{mark}for {s.var} in [{s.start}, {s.stop}):")

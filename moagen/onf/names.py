@@ -28,3 +28,17 @@ class Names:
 def base_name(name: str) -> str:
     """The role a generated name was derived from: j2 -> j, c3 -> c."""
     return re.sub(r"\d+$", "", name) or name
+
+
+# ---- the one naming rule for what schedule steps create --------------------------------
+
+def loop_role(var: str, role: str) -> str:
+    """The loop a step creates from the loop over var: i -> i_tile (a tile of i's
+    iterations), j -> j_blk (a block of them), j -> j_in (the iterations of one part)."""
+    return f"{var}_{role}"
+
+
+def nest_role(label: str, role: str) -> str:
+    """The nest a step creates beside nest label: rows -> rows.edge (the iterations past the
+    last full tile), dQ -> dQ.zero, dQ.merge, dweight.partial, U.pack_Wg."""
+    return f"{label}.{role}"

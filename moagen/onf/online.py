@@ -41,11 +41,14 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, map_stmt_exprs,
                               scratch_row, stmt_exprs, walk)
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import loop_role
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class OnlineSoftmax:
+class OnlineSoftmax(Step):
+    layer = "algorithm"
     nest: str
     block: int = 1  # keys per step of the running max
 
@@ -162,7 +165,9 @@ def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
     size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
     probs = scratch_row(transform, "probs", loops, size, names, temps)
-    block = sympy.Symbol(names.claim(names.new(f"{j}_blk")), integer=True)
+    scope = {lp.var.name for lp in loops} | \
+        {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+    block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block
     fresh = _fresh(names, ("block_max", "new_max", "rescale", "block_sum"))
     block_max, new_max = S.Local(fresh["block_max"]), S.Local(fresh["new_max"])

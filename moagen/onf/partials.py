@@ -27,13 +27,15 @@ from moagen.moa.expr import idiv
 from moagen.onf.fusion import as_block, fuse_siblings, independent
 from moagen.onf.loops import (Buffer, Loop, Nest, ONF, Store, arrays_read, enclose, find_nest,
                               loop_nest, perfect_chain, subs_stmts, walk)
-from moagen.onf.names import Names, base_name
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import Names, base_name, loop_role, nest_role
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 from moagen.onf.unroll import outer_loop
 
 
 @dataclass(frozen=True)
-class PartialSums:
+class PartialSums(Step):
+    layer = "algorithm"
     nest: str
     var: str  # the summed axis cut into parts
     parts: int
@@ -42,6 +44,16 @@ class PartialSums:
     def __str__(self):
         rows = f", rows={self.rows}" if self.rows else ""
         return f"partial_sums({self.nest}, {self.var}, {self.parts}{rows})"
+
+    @property
+    def part(self) -> str:
+        """The loop over the parts it creates."""
+        return loop_role(self.var, "part")
+
+    @property
+    def partial(self) -> str:
+        """The nest it creates that sums the parts (the nest itself merges them)."""
+        return nest_role(self.nest, "partial")
 
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
@@ -58,7 +70,8 @@ class PartialSums:
                                 f"{self.var}")
 
         names = kernel_names(onf)
-        p, part, buffer = _part_buffer(onf, names, store.array, self.parts)
+        p = claim_loop(names, self.part, {lp.var.name for lp in out_loops}, self)
+        part, buffer = _part_buffer(onf, names, store.array, self.parts)
         part_index = (p,) + tuple(store.index)
         # the summed axes become loops named after their role (b2 -> b where free)
         loop_names = Names(names.fixed | names.locals | {lp.var.name for lp in out_loops} | {p.name})
@@ -80,7 +93,7 @@ class PartialSums:
             add, origin = fuse_siblings(row_body + add), f"{rows.origin}\n{origin}"
         add = enclose(sum_loops, add)
         partial = Nest(nest.target, (Loop(p, sympy.Integer(0), sympy.Integer(self.parts),
-                                          zero + add),), origin, f"{nest.label}.partial")
+                                          zero + add),), origin, self.partial)
         total = _sum_of_parts(p, self.parts, part, store.index, store.array)
         merge = replace(nest, body=enclose(out_loops, (replace(store, value=total),)))
         nests = []
@@ -109,12 +122,10 @@ class PartialSums:
 
 
 def _part_buffer(onf, names, array, parts):
-    """(the variable p over the parts, the parts' array, its buffer): `parts` copies of
-    `array`, part p at [p, ..]."""
-    p = sympy.Symbol(names.claim(names.new("p")), integer=True)
+    """(the parts' array, its buffer): `parts` copies of `array`, part p at [p, ..]."""
     part = names.claim(names.new(f"{array}_part"))
     shape = next(b.shape for b in onf.outputs + onf.temps if b.name == array)
-    return p, part, Buffer(part, (sympy.Integer(parts),) + shape)
+    return part, Buffer(part, (sympy.Integer(parts),) + shape)
 
 
 def _sum_of_parts(p, parts, part, index, array):
@@ -124,7 +135,7 @@ def _sum_of_parts(p, parts, part, index, array):
 
 
 @dataclass(frozen=True)
-class PartBuffers:
+class PartBuffers(Step):
     """A sum scattered over a loop (Scatter's atomic additions: the owner's dQ added from the
     key rows' pass, `for b, h: for j: .. dQ[b, h, i, c] += ds K[j, c]`) computed in a fixed
     number of parts of that loop, each adding into a buffer of its own:
@@ -142,6 +153,7 @@ class PartBuffers:
 
     Legal when the loop's iterations add into `out` and do not read it, the zero nest sets
     every element (Scatter's), and no nest between the two touches `out`."""
+    layer = "algorithm"
     nest: str
     loop: str
     array: str
@@ -150,11 +162,31 @@ class PartBuffers:
     def __str__(self):
         return f"part_buffers({self.nest}, {self.loop}, {self.array}, {self.parts})"
 
+    @property
+    def part(self) -> str:
+        """The loop over the parts it creates (j_part)."""
+        return loop_role(self.loop, "part")
+
+    @property
+    def within(self) -> str:
+        """The loop over one part's iterations it creates (j_in)."""
+        return loop_role(self.loop, "in")
+
+    @property
+    def zero(self) -> str:
+        """The nest that zeroes the parts: Scatter's zero nest of the array."""
+        return nest_role(self.array, "zero")
+
+    @property
+    def merge(self) -> str:
+        """The nest it creates that sums the parts into the array."""
+        return nest_role(self.array, "merge")
+
     def __call__(self, onf: ONF) -> ONF:
         if self.parts < 1:
             raise ScheduleError(f"{self}: the number of parts must be at least 1")
         nest = find_nest(onf, self.nest, self)
-        zero = find_nest(onf, f"{self.array}.zero", self)
+        zero = find_nest(onf, self.zero, self)
         outer, loop = outer_loop(self, nest.body, self.loop)
         stores = lambda stmts: [s for s in walk(stmts)
                                 if isinstance(s, Store) and s.array == self.array]
@@ -171,8 +203,11 @@ class PartBuffers:
                                     f"its zero nest and nest {self.nest}")
 
         names = kernel_names(onf)
-        p, part, buffer = _part_buffer(onf, names, self.array, self.parts)
-        j_in = sympy.Symbol(names.claim(names.new(f"{self.loop}_in")), integer=True)
+        scope = {lp.var.name for lp in outer} | \
+            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        p = claim_loop(names, self.part, scope, self)
+        j_in = claim_loop(names, self.within, scope | {p.name}, self)
+        part, buffer = _part_buffer(onf, names, self.array, self.parts)
         # part p takes every parts-th iteration from p on: its length is never negative
         length = idiv(loop.stop - p + self.parts - 1, self.parts)
         body = subs_stmts(loop.body, {loop.var: p + self.parts * j_in})
@@ -186,8 +221,7 @@ class PartBuffers:
             (replace(zero_store, array=part, index=(p,) + tuple(zero_store.index)),)))
         total = _sum_of_parts(p, self.parts, part, zero_store.index, self.array)
         merge = Nest(zero.target, enclose(zero_loops, (replace(zero_store, value=total),)),
-                     f"{self.array} = the sum of its {self.parts} parts",
-                     f"{self.array}.merge")
+                     f"{self.array} = the sum of its {self.parts} parts", self.merge)
         nests = []
         for n in onf.nests:
             if n is nest:

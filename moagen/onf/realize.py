@@ -1,14 +1,16 @@
-"""DNF -> ONF: one loop nest per definition, then the variant's schedule, then the three
-steps every ONF ends with (reductions become accumulator loops; gamma flattens indices;
-innermost loops the compiler may vectorize are marked simd)."""
+"""DNF -> ONF: one loop nest per definition, then the variant's steps for a target (its
+algorithm, loop schedule and mapping), then what every ONF ends with: reductions become
+accumulator loops (a recorded step), gamma flattens indices, and innermost loops the
+compiler may vectorize are marked simd."""
 from typing import Sequence
 
 import sympy
 
 from moagen.moa.dnf import DNF, format_scalar
 from moagen.onf.layout import apply_layout
-from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store
-from moagen.onf.reductions import lower_reductions
+from moagen.errors import ScheduleError
+from moagen.onf.loops import Buffer, Loop, Nest, ONF, Store, walk
+from moagen.onf.reductions import LowerReductions
 from moagen.onf.simd import mark_simd
 
 
@@ -32,8 +34,25 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
                nests=tuple(nests), layout=layout)
 
 
-def realize(dnf: DNF, variant: str, schedule: Sequence, layout: str = "row") -> ONF:
+def realize(dnf: DNF, variant: str, steps: Sequence, layout: str = "row", upto=None) -> ONF:
+    """The final ONF; upto = K: the ONF after the first K steps, as they left it."""
+    steps = tuple(steps) + (LowerReductions(),)
     onf = initial_onf(dnf, variant, layout)
-    for transform in schedule:
-        onf = transform(onf)
-    return mark_simd(apply_layout(lower_reductions(onf)))
+    for step in steps[:upto]:
+        onf = step(onf)
+    if upto is not None:
+        return onf
+    _check_tails_mapped(onf)
+    return mark_simd(apply_layout(onf))
+
+
+def _check_tails_mapped(onf: ONF):
+    """A tail of a nest with parallel loops must have some too: left sequential, it would
+    run on one thread (its parent's Parallel maps it where it starts with the same loops)."""
+    parallel = {n.label for n in onf.nests
+                if any(isinstance(s, Loop) and s.parallel for s in walk(n.body))}
+    for n in onf.nests:
+        if n.parent in parallel and n.label not in parallel:
+            raise ScheduleError(f"{onf.name} {onf.variant}: nest {n.label} (a tail of "
+                                f"{n.parent}) has no parallel loops; map it with a Parallel "
+                                "of its own")

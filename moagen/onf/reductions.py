@@ -1,25 +1,43 @@
-"""The last schedule-independent step: every reduction left in an expression becomes an
-accumulator and a loop,
+"""Reduction lowering, a schedule step like any other: every reduction left in an
+expression becomes an accumulator and a loop,
 
     let row_max = max[j < n](body)   ->   let row_max = -inf
                                           for j in [0, n): row_max max= body
 
 and a reduction nested in a larger expression is first given a local of its own. Loop
-variables get back their role's name (j2 -> j) wherever that name is free."""
-from dataclasses import replace
+variables get back their role's name (j2 -> j) wherever that name is free. Steps that work
+on loops of statements (UnrollJam, KeyBlocks) need it before them; every schedule ends with
+it (moagen.onf.realize)."""
+from dataclasses import dataclass, replace
 
 import sympy
 
+from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
-from moagen.onf.loops import Let, Loop, ONF, Update, map_stmt_exprs
+from moagen.onf.loops import Let, Loop, ONF, Update, map_stmt_exprs, stmt_exprs, walk
 from moagen.onf.names import Names, base_name
 from moagen.onf.schedule import kernel_names
+from moagen.onf.step import Step
 
 
-def lower_reductions(onf: ONF) -> ONF:
-    lower = _Lowering(kernel_names(onf))
-    nests = [replace(n, body=lower.block(n.body, frozenset(), frozenset())) for n in onf.nests]
-    return onf.with_nests(nests)
+@dataclass(frozen=True)
+class LowerReductions(Step):
+    def __str__(self):
+        return "lower_reductions()"
+
+    def __call__(self, onf: ONF) -> ONF:
+        lower = _Lowering(kernel_names(onf))
+        nests = [replace(n, body=lower.block(n.body, frozenset(), frozenset()))
+                 for n in onf.nests]
+        return onf.with_nests(nests, str(self))
+
+
+def require_lowered(nest, who):
+    """ScheduleError unless the nest's reductions are loops already (LowerReductions)."""
+    if any(isinstance(e, S.Reduction) for s in walk(nest.body) for x in stmt_exprs(s)
+           for e in S.subexpressions(x)):
+        raise ScheduleError(f"{who}: nest {nest.label} still holds reductions; lower them "
+                            "first (lower_reductions before this step)")
 
 
 class _Lowering:

@@ -13,9 +13,10 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, defined_names,
-                              map_stmt_exprs, perfect_chain, stmt_exprs, walk)
+                              map_stmt_exprs, perfect_chain, stmt_exprs, tails, walk)
 from moagen.onf.fusion import independent
-from moagen.onf.names import Names, base_name
+from moagen.onf.names import Names, base_name, loop_role
+from moagen.onf.step import Step
 
 
 def kernel_names(onf: ONF) -> Names:
@@ -34,17 +35,30 @@ def kernel_names(onf: ONF) -> Names:
     return Names(used | locals_, fixed, locals_)
 
 
+def claim_loop(names: Names, name: str, scope, who) -> sympy.Symbol:
+    """The variable of a loop a step creates, called exactly `name`: it may repeat a loop
+    variable of another nest or of a sibling loop, never one of the loops around or inside it
+    (`scope`), a local or an array, size or scalar of the kernel."""
+    if name in names.fixed | names.locals | set(scope):
+        raise ScheduleError(f"{who}: the loop name {name} is taken where the step puts its "
+                            "loop; give the step another")
+    return sympy.Symbol(names.claim(name), integer=True)
+
+
 class NotApplicable(ScheduleError):
     """The nest lacks what the transform works on (as opposed to a violated precondition)."""
 
 
-class Transform:
-    """Base: apply `nest_fn` to the selected nest, or, when `nest` is None, to every nest it
-    applies to (at least one)."""
+class Transform(Step):
+    """A step that rewrites nests one at a time: `nest_fn` on the selected nest, or, when
+    `nest` is None, on every nest it applies to (at least one)."""
     nest: Optional[str] = None
 
+    def chosen(self, onf: ONF):
+        return [n for n in onf.nests if self.nest is None or n.label == self.nest]
+
     def __call__(self, onf: ONF) -> ONF:
-        chosen = [n for n in onf.nests if self.nest is None or n.label == self.nest]
+        chosen = self.chosen(onf)
         if not chosen:
             raise ScheduleError(f"{self}: {onf.name} has no nest {self.nest!r}; it has "
                                 f"{', '.join(n.label for n in onf.nests)}")
@@ -259,6 +273,11 @@ class Split(Transform):
     def __str__(self):
         return f"split({self.var}, {self.tile}{self._on()})"
 
+    @property
+    def blocks(self) -> str:
+        """The loop over the blocks it creates."""
+        return loop_role(self.var, "blk")
+
     def nest_fn(self, nest, names):
         if self.tile < 1:
             raise ScheduleError(f"{self}: the tile size must be at least 1")
@@ -267,7 +286,8 @@ class Split(Transform):
         def split(loop, scope):
             if loop.start != 0:
                 raise ScheduleError(f"{self}: loop {loop.var} does not start at 0")
-            blk = sympy.Symbol(names.claim(names.new(f"{self.var}_blk")), integer=True)
+            inside = {x.var.name for x in walk((loop,)) if isinstance(x, Loop)}
+            blk = claim_loop(names, self.blocks, scope | inside, self)
             lo = blk * self.tile
             inner = replace(loop, start=lo, stop=sympy.Min(loop.stop, lo + self.tile), parallel=0)
             done.append(loop)
@@ -323,18 +343,35 @@ class Reorder(Transform):
 @dataclass(frozen=True)
 class Parallel(Transform):
     """Run the outermost perfectly nested loops `vars` in parallel (an OpenMP `collapse`
-    on the CPU, one GPU thread per iteration in CUDA). Legal only when every store inside
-    is indexed by all of them and no local defined outside them is updated inside.
+    on the CPU). Legal only when every store inside is indexed by all of them and no local
+    defined outside them is updated inside. The nest's tails (rows.edge: the rows past the
+    last full tile) run in parallel too, over the same loops under their names there (i for
+    i_tile), where they start with them; a tail that does not needs a Parallel of its own.
     interleave: the CPU threads take the iterations in turn rather than a block each, so
     that they work on neighbouring iterations at the same time (attention's query row
     groups of one head: the threads share that head's keys in the last-level cache)."""
     vars: Tuple[str, ...]
     nest: Optional[str] = None
     interleave: bool = False
+    layer = "mapping"
 
     def __str__(self):
         turns = ", interleaved" if self.interleave else ""
         return f"parallel({', '.join(self.vars)}{turns}{self._on()})"
+
+    def __call__(self, onf: ONF) -> ONF:
+        onf = super().__call__(onf)
+        if self.nest is None:
+            return onf
+        names, inherited = kernel_names(onf), {}
+        for tail, renames in tails(onf, self.nest):
+            own = replace(self, vars=tuple(renames.get(v, v) for v in self.vars), nest=tail.label)
+            chain = perfect_chain(tail.body, len(own.vars))
+            if chain and [lp.var.name for lp in chain] == list(own.vars) and \
+                    not any(isinstance(s, Loop) and s.parallel for s in walk(tail.body)):
+                inherited[tail.label] = own.nest_fn(tail, names)
+        return replace(onf, nests=tuple(replace(n, body=inherited[n.label])
+                                        if n.label in inherited else n for n in onf.nests))
 
     def nest_fn(self, nest, names):
         chain = perfect_chain(nest.body, len(self.vars))
@@ -355,7 +392,27 @@ class Parallel(Transform):
                                         f"{', '.join(missing)}: parallel iterations would race")
             if isinstance(s, Update) and s.name not in lets:
                 raise ScheduleError(f"{self}: {s.name} is shared by parallel iterations")
-        return (replace(chain[0], parallel=len(chain), interleave=self.interleave),)
+        return (self.mark(chain[0], len(chain)),)
+
+    def mark(self, loop: Loop, count: int) -> Loop:
+        return replace(loop, parallel=count, interleave=self.interleave)
+
+
+@dataclass(frozen=True)
+class GpuThreads(Parallel):
+    """The CUDA mapping of parallel loops: one GPU thread per iteration of `vars`, `block`
+    threads a thread block (the iterations in order, the innermost loop fastest, so that
+    neighbouring threads touch neighbouring elements). The same legality as Parallel."""
+    block: int = 128
+
+    def __str__(self):
+        return f"gpu_threads({', '.join(self.vars)}, {self.block} a block{self._on()})"
+
+    def mark(self, loop: Loop, count: int) -> Loop:
+        if self.interleave or self.block < 1:
+            raise ScheduleError(f"{self}: a thread block holds at least one thread, and GPU "
+                                "threads are not dealt in turns")
+        return replace(loop, parallel=count, threads=self.block)
 
 
 def _block_owner(loop):

@@ -22,11 +22,14 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose,
                               map_stmt_exprs, perfect_chain, walk)
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import loop_role, nest_role
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class SplitKeys:
+class SplitKeys(Step):
+    layer = "algorithm"
     nest: str
     over: Tuple[str, ...]  # the loops outside the split (batch, head)
     var: str  # the loop over keys
@@ -34,6 +37,21 @@ class SplitKeys:
 
     def __str__(self):
         return f"split_keys({self.nest}, over=({', '.join(self.over)}), {self.var}, {self.splits})"
+
+    @property
+    def slices(self) -> str:
+        """The loop over the slices it creates (j_split)."""
+        return loop_role(self.var, "split")
+
+    @property
+    def partial(self) -> str:
+        """The nest it creates that computes each slice's partial results."""
+        return nest_role(self.nest, "partial")
+
+    @property
+    def merge(self) -> str:
+        """The nest it creates that merges the slices by their logsumexp."""
+        return nest_role(self.nest, "merge")
 
     def __call__(self, onf: ONF) -> ONF:
         nest = next((n for n in onf.nests if n.label == self.nest), None)
@@ -52,7 +70,8 @@ class SplitKeys:
         m, l = self._state(loop)
         rows = self._rows(loop, chain)
         names = kernel_names(onf)
-        s = sympy.Symbol(names.claim(names.new("s")), integer=True)
+        inside = {x.var.name for x in walk((loop,)) if isinstance(x, Loop)}
+        s = claim_loop(names, self.slices, {lp.var.name for lp in chain} | inside, self)
         heads = tuple(lp.var for lp in chain)
         extents = tuple(lp.stop - lp.start for lp in chain)
         shapes = {b.name: b.shape for b in onf.outputs + onf.temps}
@@ -80,10 +99,10 @@ class SplitKeys:
         partial = Nest(nest.target, enclose(chain, (Loop(s, sympy.Integer(0),
                                                          sympy.Integer(self.splits),
                                                          tuple(partial_body)),)),
-                       nest.origin, f"{self.nest}.partial")
+                       nest.origin, self.partial)
         merge = Nest(nest.target, enclose(chain, tuple(self._merge(m, l, rows, part, heads, s,
                                                                    loop) + body[jpos + 1:])),
-                     nest.origin, f"{self.nest}.merge")
+                     nest.origin, self.merge)
         nests = []
         for n in onf.nests:
             nests += [partial, merge] if n is nest else [n]

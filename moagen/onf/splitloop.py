@@ -19,13 +19,14 @@ from typing import Tuple
 import sympy
 
 from moagen.moa.expr import as_dim, idiv
-from moagen.onf.loops import Loop, ONF, enclose, find_nest, subs_stmts
-from moagen.onf.schedule import kernel_names
+from moagen.onf.loops import Loop, ONF, enclose, find_nest, subs_stmts, walk
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 from moagen.onf.unroll import outer_loop
 
 
 @dataclass(frozen=True)
-class SplitLoop:
+class SplitLoop(Step):
     nest: str
     loop: str
     outer: object  # the outer loop's extent (a size name or expression): kv_heads
@@ -36,11 +37,23 @@ class SplitLoop:
         return (f"split_loop({self.nest}, {self.loop} = {self.inner}*{self.names[0]} + "
                 f"{self.names[1]})")
 
+    @property
+    def groups(self) -> str:
+        """The outer loop it creates (g)."""
+        return self.names[0]
+
+    @property
+    def members(self) -> str:
+        """The inner loop it creates (r)."""
+        return self.names[1]
+
     def __call__(self, onf: ONF) -> ONF:
         nest = find_nest(onf, self.nest, self)
         around, loop = outer_loop(self, nest.body, self.loop)
         names = kernel_names(onf)
-        g, r = (sympy.Symbol(names.claim(names.new(n)), integer=True) for n in self.names)
+        scope = {lp.var.name for lp in around} | \
+            {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        g, r = (claim_loop(names, n, scope, self) for n in self.names)
         outer, inner = as_dim(self.outer), as_dim(self.inner)
         h = inner * g + r
         body = subs_stmts(subs_stmts(loop.body, {loop.var: h}), {idiv(h, inner): g})

@@ -25,12 +25,13 @@ from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, enclose, find_nest,
                               loop_nest)
-from moagen.onf.names import Names, base_name
-from moagen.onf.schedule import kernel_names
+from moagen.onf.names import Names, base_name, loop_role, nest_role
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class RegisterTile:
+class RegisterTile(Step):
     nest: str
     rows: str
     cols: str
@@ -46,6 +47,33 @@ class RegisterTile:
         block = f", {self.row_block} rows a block" if self.row_block else ""
         return (f"register_tile({self.nest}, {self.rows} x {self.cols}, {self.mr} x {self.nr}"
                 f"{packed}{block})")
+
+    @property
+    def row_tiles(self) -> str:
+        return loop_role(self.rows, "tile")
+
+    @property
+    def col_tiles(self) -> str:
+        return loop_role(self.cols, "tile")
+
+    @property
+    def row_blocks(self) -> str:
+        """The loop over blocks of rows (with row_block)."""
+        return loop_role(self.rows, "blk")
+
+    @property
+    def edge(self) -> str:
+        """The tail nest it creates: the columns past the last full tile."""
+        return nest_role(self.nest, "edge")
+
+    @property
+    def pointwise(self) -> str:
+        """The nest it creates that applies the value's function to the tile's sums."""
+        return nest_role(self.nest, "pointwise")
+
+    def packing(self, operand: str) -> str:
+        """The nest it creates that copies `operand` into panels."""
+        return nest_role(self.nest, f"pack_{operand}")
 
     def __call__(self, onf: ONF) -> ONF:
         if self.mr < 1 or self.nr < 1:
@@ -64,7 +92,13 @@ class RegisterTile:
         in_nest = {lp.var.name for lp in chain}
         loop_names = Names(names.fixed | names.locals | in_nest)
         new_var = lambda hint: sympy.Symbol(loop_names.claim(loop_names.new(hint)), integer=True)
-        r_tile, c_tile = new_var(f"{self.rows}_tile"), new_var(f"{self.cols}_tile")
+
+        def own(name):  # a loop the caller may address: exactly the rule's name
+            var = claim_loop(names, name, in_nest, self)
+            loop_names.claim(var.name)
+            return var
+
+        r_tile, c_tile = own(self.row_tiles), own(self.col_tiles)
         loop_vars = [new_var(base_name(red.var.name)) for red in sums]
         acc_names = Names(names.reserved - names.locals)
         body = S.subs(body, {red.var: v for red, v in zip(sums, loop_vars)})
@@ -97,7 +131,7 @@ class RegisterTile:
         tile_loops = [Loop(c_tile, sympy.Integer(0), idiv(cols.stop, self.nr), ()),
                       Loop(r_tile, sympy.Integer(0), row_tiles, ())]
         if self.row_block:
-            r_blk, per_block = new_var(f"{self.rows}_blk"), self.row_block // self.mr
+            r_blk, per_block = own(self.row_blocks), self.row_block // self.mr
             tile_loops = [Loop(r_blk, sympy.Integer(0), idiv(row_tiles + per_block - 1, per_block),
                                ()),
                           tile_loops[0],
@@ -113,13 +147,16 @@ class RegisterTile:
                 nests.append(n)
                 continue
             for operand, panel, copy in pack:  # U.pack_Wg fills Wg_panel
-                nests.append(Nest(panel.name, copy, n.origin, f"{n.label}.pack_{operand}"))
+                nests.append(Nest(panel.name, copy, n.origin, self.packing(operand)))
                 temps += (panel,)
             nests.append(replace(n, body=tiles))
             if pointwise:
                 apply = self._pointwise(store, reduction, outer, rows, replace(cols, stop=tiled_cols))
-                nests.append(Nest(n.target, apply, n.origin, f"{n.label}.pointwise"))
-            nests.append(Nest(n.target, edge, n.origin, f"{n.label}.edge"))
+                nests.append(Nest(n.target, apply, n.origin, self.pointwise))
+            # a row block's loop is the rows' loop in the tail
+            renames = ((self.row_blocks, self.rows),) if self.row_block else ()
+            nests.append(Nest(n.target, edge, n.origin, self.edge, parent=n.label,
+                              renames=renames))
         return replace(onf.with_nests(nests, str(self)), temps=temps)
 
     @staticmethod

@@ -29,13 +29,14 @@ from moagen.moa.expr import divides, idiv
 from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
                               find_nest, loop_nest, map_stmt_exprs, stmt_exprs, subs_stmts,
                               walk)
-from moagen.onf.names import Names
-from moagen.onf.reductions import lower_reductions
-from moagen.onf.schedule import Parallel, kernel_names
+from moagen.onf.names import loop_role, nest_role
+from moagen.onf.reductions import require_lowered
+from moagen.onf.schedule import claim_loop, kernel_names
+from moagen.onf.step import Step
 
 
 @dataclass(frozen=True)
-class UnrollJam:
+class UnrollJam(Step):
     nest: str
     loop: str
     factor: int
@@ -43,15 +44,24 @@ class UnrollJam:
     def __str__(self):
         return f"unroll_jam({self.nest}, {self.loop}, {self.factor})"
 
+    @property
+    def tiles(self) -> str:
+        """The loop over groups of `factor` iterations it creates (i_tile)."""
+        return tiled(self.loop, self.factor)
+
+    @property
+    def edge(self) -> str:
+        """The tail nest it creates: the iterations past the last full group."""
+        return nest_role(self.nest, "edge")
+
     def __call__(self, onf: ONF) -> ONF:
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
-        # the copies' sums must already be loops, to be jammed into one
-        onf = lower_reductions(onf)
         nest = find_nest(onf, self.nest, self)
-        edge_label = f"{nest.label}.edge"
-        if any(n.label == edge_label for n in onf.nests):
-            raise ScheduleError(f"{self}: {onf.name} already has a nest {edge_label}")
+        # the copies' sums must already be loops, to be jammed into one
+        require_lowered(nest, self)
+        if any(n.label == self.edge for n in onf.nests):
+            raise ScheduleError(f"{self}: {onf.name} already has a nest {self.edge}")
         outer, loop = outer_loop(self, nest.body, self.loop)
         summed = summed_arrays(loop)
         if summed:
@@ -60,10 +70,8 @@ class UnrollJam:
             _check_independent(self, loop)
 
         names = kernel_names(onf)
-        # a loop variable may repeat another nest's, never a local's or one of its own nest
         in_nest = {s.var.name for s in walk(nest.body) if isinstance(s, Loop)}
-        tile_name = Names(names.fixed | names.locals | in_nest).new(f"{self.loop}_tile")
-        tile = sympy.Symbol(names.claim(tile_name), integer=True)
+        tile = claim_loop(names, self.tiles, in_nest, self)
         copies = [_copy(loop.body, loop.var, self.factor * tile + u, u, names)
                   for u in range(self.factor)]
         full = idiv(loop.stop, self.factor)
@@ -71,10 +79,11 @@ class UnrollJam:
         tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full,
                                      _merge_sums(jammed) if summed else jammed),))
         edge = enclose(outer, (replace(loop, start=self.factor * full),))
+        tail = Nest(nest.target, edge, nest.origin, self.edge, parent=nest.label,
+                    renames=((tile.name, loop.var.name),))
         nests = []
         for n in onf.nests:
-            nests += [replace(n, body=tiles), Nest(n.target, edge, n.origin, edge_label)] \
-                if n is nest else [n]
+            nests += [replace(n, body=tiles), tail] if n is nest else [n]
         return onf.with_nests(nests, str(self))
 
 
@@ -94,26 +103,18 @@ def outer_loop(transform, stmts, var):
     return chain[:names.index(var)], loop
 
 
-def rows_together(nest: str, parallel: Tuple[str, ...], rows: int, loop: str = None,
-                  interleave: bool = False) -> Tuple:
-    """The steps that run the loops `parallel` of a nest in parallel with `rows` iterations
-    of one of them (`loop`, by default the last) unrolled and jammed, and its edge nest
-    parallel as the nest was; rows = 1: the loops in parallel, as they are. interleave:
-    the nest's iterations dealt to the threads in turn (Parallel)."""
+def rows_together(nest: str, loop: str, rows: int) -> Tuple:
+    """The step that runs `rows` iterations of a nest's loop `loop` together (UnrollJam);
+    none for one row."""
     if rows < 1:
         raise ScheduleError(f"{nest}: {rows} rows together: there must be at least one")
-    if rows == 1:
-        return (Parallel(parallel, nest=nest, interleave=interleave),)
-    loop = loop or parallel[-1]
-    tiles = tuple(tiled(v, rows) if v == loop else v for v in parallel)
-    return (UnrollJam(nest, loop, rows), Parallel(tiles, nest=nest, interleave=interleave),
-            Parallel(parallel, nest=f"{nest}.edge"))
+    return (UnrollJam(nest, loop, rows),) if rows > 1 else ()
 
 
 def tiled(loop: str, rows: int) -> str:
-    """The name of the loop over `loop` once rows_together has jammed `rows` of its
-    iterations: the loop over its tiles (UnrollJam's), or itself for one row."""
-    return f"{loop}_tile" if rows > 1 else loop
+    """The name of the loop over `loop` once rows_together has run `rows` of its iterations
+    together: the loop over the groups (UnrollJam's), or itself for one row."""
+    return loop_role(loop, "tile") if rows > 1 else loop
 
 
 def keys_summed(nest: str, keys: int, loop: str = "j") -> Tuple:
@@ -186,7 +187,7 @@ def _owned(exprs, var) -> bool:
 
 
 @dataclass(frozen=True)
-class UnrollSum:
+class UnrollSum(Step):
     """`factor` iterations at a time of every loop over `loop` in a nest that adds into
     array elements the loop does not index (the weighted sum of attention, O[i, c] += p[j] *
     V[j, c] over keys j):
@@ -211,40 +212,46 @@ class UnrollSum:
     def __str__(self):
         return f"unroll_sum({self.nest}, {self.loop}, {self.factor})"
 
+    @property
+    def tiles(self) -> str:
+        """The loops over groups of `factor` iterations it creates (j_tile)."""
+        return loop_role(self.loop, "tile")
+
     def __call__(self, onf: ONF) -> ONF:
         if self.factor < 2:
             raise ScheduleError(f"{self}: the factor must be at least 2")
         nest = find_nest(onf, self.nest, self)
         names = kernel_names(onf)
-        body, unrolled = self._rewrite(nest.body, names)
+        body, unrolled = self._rewrite(nest.body, names, frozenset())
         if not unrolled:
             raise ScheduleError(f"{self}: nest {self.nest} has no loop over {self.loop} that "
                                 "adds into array elements it does not index")
         return onf.with_nests([replace(n, body=body) if n is nest else n for n in onf.nests],
                               str(self))
 
-    def _rewrite(self, stmts, names):
+    def _rewrite(self, stmts, names, scope):
         out, unrolled = [], 0
         for s in stmts:
             if not isinstance(s, Loop):
                 out.append(s)
             elif s.var.name == self.loop and summed_arrays(s):
-                out += self._unroll(s, names)
+                out += self._unroll(s, names, scope)
                 unrolled += 1
             else:
-                body, inner = self._rewrite(s.body, names)
+                body, inner = self._rewrite(s.body, names, scope | {s.var.name})
                 out.append(replace(s, body=tuple(body)))
                 unrolled += inner
         return out, unrolled
 
-    def _unroll(self, loop, names):
+    def _unroll(self, loop, names, scope):
         summed = summed_arrays(loop)
         check_sum_only(self, loop, summed)
         f = self.factor
         if not divides(f, loop.start):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its groups of {f} would not line up")
-        tile = sympy.Symbol(names.claim(names.new(f"{self.loop}_tile")), integer=True)
+        inside = {s.var.name for s in walk((loop,)) if isinstance(s, Loop)}
+        tile = claim_loop(names, self.tiles, scope | inside, self)
         copies = [_copy(loop.body, loop.var, f * tile + u, u, names) for u in range(f)]
         full = idiv(loop.stop, f)
         return [Loop(tile, sympy.expand(loop.start / f), full, _merge_sums(_jam(self, copies))),

@@ -1,0 +1,79 @@
+"""A variant's steps in three layers, as a kernel module states them.
+
+- algorithm: what is materialized and the algebraic rewrites (OnlineSoftmax, SplitKeys,
+  Scatter, PartBuffers, PartialSums, InPlace), with the loop steps they apply to (the
+  fusion and hoisting that put a row's max, sum and weighted sum in one nest);
+- schedule: loop transformations only (tiling, unrolling, interchange, fusion);
+- mapping, per target kind: where the loops run (the CPU: OpenMP parallel loops; CUDA:
+  GPU threads). A kind without a mapping of its own gets one derived from the CPU's: each
+  parallel loop chain one GPU thread per iteration.
+
+The layers are applied in that order; each refuses a step of a layer after its own."""
+from dataclasses import dataclass, field
+from typing import Mapping, Tuple
+
+from moagen.errors import ScheduleError
+from moagen.onf.reductions import LowerReductions
+from moagen.onf.schedule import GpuThreads
+
+
+def gpu_threads(cpu: Tuple) -> Tuple:
+    """The CUDA mapping derived from a CPU one: each Parallel chain as GPU threads."""
+    return tuple(GpuThreads(step.vars, nest=step.nest) for step in cpu)
+
+
+# how a target kind's mapping is derived from the CPU's when a variant gives none
+DERIVED_MAPPINGS = {"cuda": gpu_threads}
+
+_ALLOWED = {"algorithm": ("algorithm", "schedule"), "schedule": ("schedule",),
+            "mapping": ("mapping",)}
+
+
+@dataclass(frozen=True)
+class Layers:
+    algorithm: Tuple = ()
+    schedule: Tuple = ()
+    mapping: Mapping[str, Tuple] = field(default_factory=dict)  # target kind -> steps
+
+    def __post_init__(self):
+        for layer, steps in (("algorithm", self.algorithm), ("schedule", self.schedule),
+                             *(("mapping", m) for m in self.mapping.values())):
+            wrong = [str(s) for s in steps if s.layer not in _ALLOWED[layer]]
+            if wrong:
+                raise ScheduleError(f"the {layer} layer holds {', '.join(wrong)}, steps of "
+                                    "another layer")
+        if "cpu" not in self.mapping:
+            raise ScheduleError("a variant maps its loops for the CPU at least")
+
+    def mapping_for(self, target: str) -> Tuple:
+        if target in self.mapping:
+            return self.mapping[target]
+        if target not in DERIVED_MAPPINGS:
+            raise ScheduleError(f"no mapping for target {target!r}: the variant gives "
+                                f"{', '.join(self.mapping)}")
+        return DERIVED_MAPPINGS[target](self.mapping["cpu"])
+
+    def steps(self, target: str) -> Tuple:
+        return tuple(self.algorithm) + tuple(self.schedule) + self.mapping_for(target)
+
+
+def cpu(*steps) -> dict:
+    """A mapping for the CPU only (CUDA's derived from it)."""
+    return {"cpu": tuple(steps)}
+
+
+def format_layers(layers: Layers, target: str, params: dict, upto=None) -> str:
+    """The variant's steps for a target by layer, numbered as --upto counts them; the last,
+    lower_reductions, is what every schedule ends with."""
+    lines = [f"target {target}"
+             + (f", parameters {' '.join(f'{k}={v}' for k, v in params.items())}" if params
+                else "")]
+    number = 0
+    for name, steps in (("algorithm", layers.algorithm), ("schedule", layers.schedule),
+                        ("mapping", layers.mapping_for(target)), ("always", (LowerReductions(),))):
+        lines.append(f"  {name}:")
+        for step in steps:
+            number += 1
+            mark = "  <- shown" if number == upto else ""
+            lines.append(f"    {number:>2}. {step}{mark}")
+    return "\n".join(lines) + "\n\n"
