@@ -1,6 +1,7 @@
 """What a sweep runs: each kernel's sizes as a function of one length n, and the callables
 timed on the same inputs: generated kernels per language and the numpy and PyTorch
-references (moagen.verify.CHECKS), which compute the same outputs."""
+references, which compute the same outputs. Each kernel's module declares its sizes,
+lengths and references (its `bench` and `check`, moagen.kernels.cases)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, UnknownNameError
@@ -10,10 +11,15 @@ NO_RESTRICT = "c-norestrict"  # C printed without `restrict` (the c-vs-fortran a
 KERNEL_LANGS = ("c", "fortran", "cuda", NO_RESTRICT)
 
 
+def _bench(kernel: str):
+    from moagen.kernels import get_kernel
+    return get_kernel(kernel).bench
+
+
 def sizes(kernel: str, n: int, overrides=None) -> dict:
     """Sizes of a transformer layer's shape, at sequence (or cache) length n; overrides
     replace the kernel's other sizes of the same names (n is never overridden)."""
-    base = _layer_sizes(kernel, n)
+    base = _bench(kernel).sizes(n)
     bad = {k for k in overrides or {} if k == "n" or not isinstance(overrides[k], int)
            or overrides[k] < 1}
     if bad:
@@ -24,41 +30,11 @@ def sizes(kernel: str, n: int, overrides=None) -> dict:
 
 def overridden(kernel: str, overrides) -> dict:
     """The overrides of sizes this kernel has (--size heads=8 means nothing to RMSNorm)."""
-    return {k: v for k, v in (overrides or {}).items() if k in _layer_sizes(kernel, 1)}
-
-
-def _layer_sizes(kernel: str, n: int) -> dict:
-    if kernel.startswith("attention_decode"):
-        return dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)
-    if kernel.startswith("kv_append"):
-        return dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n)
-    if kernel.startswith("rmsnorm"):
-        return dict(batch=1, n=n, d=1024)
-    model = dict(batch=1, n=n, dm=512)  # a small model: 8 heads of 64, d_ff = 2.75 d_model
-    if kernel.startswith("mlp"):
-        return dict(model, dff=1408)
-    if kernel.startswith(("qkv_proj", "out_proj")):
-        return dict(model, heads=8, dh=64)
-    if kernel.startswith("residual"):
-        return model
-    if kernel.startswith("block"):
-        return dict(model, heads=8, dh=64, dff=1408)
-    return dict(batch=1, heads=4, n=n, d=64)
-
-
-# sequence lengths per kernel family: (quick, full)
-LENGTHS = {"attention": ((128,), (256, 512, 1024)),
-           "attention_decode": ((4096,), (1024, 8192, 32768)),
-           "kv_append": ((4096,), (1024, 32768)),
-           "rmsnorm": ((1024,), (1024, 8192)),
-           "mlp": ((256,), (512, 2048)),
-           **{family: ((256,), (512, 2048)) for family in ("qkv_proj", "out_proj", "residual",
-                                                          "block")}}
+    return {k: v for k, v in (overrides or {}).items() if k in _bench(kernel).sizes(1)}
 
 
 def lengths(kernel: str, quick: bool):
-    family = next(f for f in sorted(LENGTHS, key=len, reverse=True) if kernel.startswith(f))
-    return LENGTHS[family][0 if quick else 1]
+    return _bench(kernel).lengths(quick)
 
 
 def targets(items):
@@ -94,9 +70,11 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     copied into arrays from `empty` (which decides where their pages are first touched)."""
     from moagen.pipeline import onf_of
     from moagen.codegen.printer import signature
-    from moagen.verify import CHECKS, make_inputs
+    from moagen.kernels import get_kernel
+    from moagen.verify import make_inputs
     sig = signature(onf_of(kernel), dtype)
-    arrays = make_inputs(sig, sizes, scalars(kernel, sizes), CHECKS[kernel], np.random.default_rng(seed))
+    arrays = make_inputs(sig, sizes, scalars(kernel, sizes), get_kernel(kernel).check,
+                         np.random.default_rng(seed))
     placed = [empty(a.shape, a.dtype) for a in arrays]
     for dst, src in zip(placed, arrays):
         np.copyto(dst, src)
@@ -107,9 +85,9 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
     """A callable(*inputs, out=None, **scalars) for a generated kernel (params: schedule
     parameters over the variant's defaults) or a baseline."""
     from moagen import runtime
-    from moagen.verify import CHECKS
+    from moagen.kernels import get_kernel
     if lang in BASELINES:
-        reference = CHECKS[kernel].references[lang]
+        reference = get_kernel(kernel).check.references[lang]
         return lambda *args, out=None, **kw: reference(*args, **kw)
     if lang == NO_RESTRICT:
         return _load_without_restrict(kernel, variant, dtype)

@@ -15,8 +15,11 @@ stored. Two ONFs of the same DNF:
   rows sweep the query rows together, so that each query block is read once per key block
   (BlockInterchange), not once per few key rows.
 """
-from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
+from moagen import reference
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V,
+                                      softmax_parts, softmax_scale)
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.kernels.cases import Check, references
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
@@ -112,3 +115,10 @@ VARIANTS = {"atomic": ATOMIC,
 
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+# what verification and the benchmarks run these kernels on (moagen.kernels.cases)
+CHECKS = {name: Check(references(reference.attention_fwdbwd_numpy,
+                                 reference.attention_fwdbwd_torch, causal=causal),
+                      CHECK_SIZES, softmax_scale)
+          for name, causal in (("attention_fwdbwd", False), ("attention_fwdbwd_causal", True))}
+BENCH = dict.fromkeys(CHECKS, ON_HEADS)
