@@ -21,15 +21,14 @@ from moagen.errors import DeviceUnavailable
 from moagen.kernels import KERNELS, get_kernel
 from moagen.onf.signature import DTYPES
 from moagen.pipeline import onf_of
+from moagen.targets import LANGS, get_target
 
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5}
-CPU_LANGS = ("c", "fortran")
 
 
 def default_langs():
-    """C and Fortran always; CUDA where a GPU is there to run it."""
-    from moagen.bind import cuda
-    return CPU_LANGS + (("cuda",) if cuda.available() else ())
+    """The languages whose kernels run here: C and Fortran always, CUDA where a GPU is."""
+    return tuple(lang for lang in LANGS if get_target(lang).runs_here())
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     """Run one kernel variant on one set of sizes and compare with every reference."""
     label = " ".join(f"{k}={v}" for k, v in sizes.items())
     check = get_kernel(kernel).check
-    sig = signature(onf_of(kernel, variant), dtype)
+    sig = signature(onf_of(kernel, variant, target=get_target(lang).kind), dtype)
     try:
         fn = load(kernel, variant, lang, dtype)
     except DeviceUnavailable as why:
@@ -94,13 +93,14 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     return Row(kernel, variant, lang, dtype, label, errors, "pass" if ok else "FAIL")
 
 
-def run(kernels=None, langs=CPU_LANGS, variants=None, dtypes=DTYPES, load=runtime.load):
-    """Yield a Row per kernel x variant x language x dtype x sizes."""
+def run(kernels=None, langs=None, variants=None, dtypes=DTYPES, load=runtime.load):
+    """Yield a Row per kernel x variant x language (by default those that run here) x dtype
+    x sizes."""
     for name in kernels or KERNELS:
         kernel = get_kernel(name)
         for variant in variants or kernel.variants:
             kernel.variant(variant)
-            for lang in langs:
+            for lang in langs or default_langs():
                 for dtype in dtypes:
                     for sizes in kernel.check.sizes:
                         yield check_case(name, variant, lang, dtype, sizes, load)

@@ -12,9 +12,10 @@ from moagen.errors import SpecError
 from moagen.kernels import KERNELS, MODULES, _kernel
 from moagen.onf.signature import DTYPES
 from moagen.pipeline import onf_of
+from moagen.targets import of_kind
 
 CASES = [(k.name, v, lang, dtype, sizes)
-         for k in KERNELS.values() for v in k.variants for lang in verify.CPU_LANGS
+         for k in KERNELS.values() for v in k.variants for lang in of_kind("cpu")
          for dtype in DTYPES for sizes in k.check.sizes]
 
 

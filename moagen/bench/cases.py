@@ -1,14 +1,12 @@
 """What a sweep runs: each kernel's sizes as a function of one length n, and the callables
-timed on the same inputs: generated kernels per language and the numpy and PyTorch
-references, which compute the same outputs. Each kernel's module declares its sizes,
+timed on the same inputs: generated kernels per language (moagen.targets) and the numpy and
+PyTorch references, which compute the same outputs. Each kernel's module declares its sizes,
 lengths and references (its `bench` and `check`, moagen.kernels.cases)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, UnknownNameError
 
 BASELINES = ("numpy", "torch")
-NO_RESTRICT = "c-norestrict"  # C printed without `restrict` (the c-vs-fortran ablation)
-KERNEL_LANGS = ("c", "fortran", "cuda", NO_RESTRICT)
 
 
 def _bench(kernel: str):
@@ -50,12 +48,12 @@ def targets(items):
 
 
 def check_impl(lang: str):
-    if lang not in KERNEL_LANGS:  # the baselines run next to every language anyway
-        raise UnknownNameError(f"unknown language {lang!r}; expected one of {', '.join(KERNEL_LANGS)}")
-    if lang == "cuda":
-        from moagen.bind import cuda
-        if not cuda.available():
-            raise DeviceUnavailable("CUDA requested but no GPU (or no pycuda) is available here")
+    """A language to measure (the baselines run next to every one anyway), refused up front
+    where its kernels cannot run here."""
+    from moagen.targets import get_target
+    target = get_target(lang)
+    if not target.runs_here():
+        raise DeviceUnavailable(f"{lang} requested but {target.missing} is available here")
     return lang
 
 
@@ -89,35 +87,7 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
     if lang in BASELINES:
         reference = get_kernel(kernel).check.references[lang]
         return lambda *args, out=None, **kw: reference(*args, **kw)
-    if lang == NO_RESTRICT:
-        return _load_without_restrict(kernel, variant, dtype)
     return runtime.load(kernel, variant, lang, dtype, params)
-
-
-def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
-    """The kernel's C, printed with plain pointers: the compiler must assume they alias."""
-    from moagen.codegen.c import CPrinter, emit_c
-    from moagen.pipeline import onf_of
-
-    class Plain(CPrinter):
-        restrict = ""
-
-    onf = onf_of(kernel, variant)
-    return emit_c([(dtype, onf) for dtype in dtypes],
-                  [f"{onf.name} {onf.variant}, printed without restrict"], printer=Plain)
-
-
-def _load_without_restrict(kernel, variant, dtype):
-    from moagen.bind import bind, load_library
-    from moagen.codegen.emit import stem
-    from moagen.pipeline import onf_of
-    from moagen.codegen.printer import signature
-    from moagen.kernels import get_kernel
-
-    onf = onf_of(kernel, variant)
-    library = load_library(source_without_restrict(kernel, onf.variant), "c",
-                           stem(kernel, onf.variant) + "_norestrict")
-    return bind(library, signature(onf, dtype), "c", validate=get_kernel(kernel).validate)
 
 
 def outputs(fn, sizes):
