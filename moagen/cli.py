@@ -21,9 +21,9 @@ def main(argv=None):
 
 
 def _parser():
-    from moagen.codegen.emit import LANGS
     from moagen.onf.signature import DTYPES
     from moagen.pipeline import TARGET_KINDS
+    from moagen.targets import TARGETS
 
     parser = argparse.ArgumentParser(prog="moagen", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -46,7 +46,7 @@ def _parser():
 
     p = sub.add_parser("emit", help="print (or write) the source of a kernel")
     p.add_argument("kernel")
-    p.add_argument("--lang", choices=LANGS, default="c")
+    p.add_argument("--lang", choices=tuple(TARGETS), default="c")
     p.add_argument("--variant")
     p.add_argument("--dtype", choices=DTYPES, help="one dtype only (default: both)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -62,12 +62,12 @@ def _parser():
 
     p = sub.add_parser("build", help="build every kernel (C, Fortran) and compile the CUDA")
     p.add_argument("kernels", nargs="*")
-    p.add_argument("--lang", choices=LANGS, action="append")
+    p.add_argument("--lang", choices=tuple(TARGETS), action="append")
     p.set_defaults(run=cmd_build)
 
     p = sub.add_parser("verify", help="run every kernel against numpy and PyTorch")
     p.add_argument("kernels", nargs="*")
-    p.add_argument("--lang", choices=LANGS, action="append")
+    p.add_argument("--lang", choices=tuple(TARGETS), action="append")
     p.add_argument("--variant", action="append")
     p.add_argument("--dtype", choices=DTYPES, action="append")
     p.set_defaults(run=cmd_verify)
@@ -151,8 +151,9 @@ def cmd_emit(args):
 
 
 def _every_source():
-    from moagen.codegen.emit import LANGS, emit, filename
+    from moagen.codegen.emit import emit, filename
     from moagen.kernels import KERNELS
+    from moagen.targets import LANGS
     for kernel in KERNELS.values():
         for variant in kernel.variants:
             for lang in LANGS:
@@ -181,19 +182,19 @@ def cmd_generate(args):
 
 
 def cmd_build(args):
-    from moagen import build
-    from moagen.codegen.emit import LANGS, emit, stem
+    from moagen.codegen.emit import emit, stem
     from moagen.kernels import KERNELS, get_kernel
     from moagen.runtime import library
+    from moagen.targets import LANGS, get_target
 
     for name in args.kernels or KERNELS:
         kernel = get_kernel(name)
         for variant in kernel.variants:
             for lang in args.lang or LANGS:
-                if lang == "cuda":  # compiled for the GPUs we target; it runs only where one is
-                    for arch in build.CUDA_ARCHS:
-                        result = build.compile_cuda(emit(name, variant, "cuda"), stem(name, variant), arch)
-                        print(f"compiled {stem(name, variant)}.cu for {arch}: {result.cubin}")
+                compile_only = get_target(lang).compile_only
+                if compile_only:  # compiled for other machines too (CUDA: the GPUs we target)
+                    for line in compile_only(emit(name, variant, lang), stem(name, variant)):
+                        print(line)
                 else:
                     library(name, variant, lang)
                     print(f"built {stem(name, variant)} ({lang})")

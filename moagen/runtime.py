@@ -5,20 +5,20 @@
 """
 from functools import lru_cache
 
-from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
-from moagen.codegen.emit import FORTRAN_MODULE, TARGET_KIND, check_dtype, check_lang, emit, stem
-from moagen.pipeline import onf_of, param_pairs
+from moagen.codegen.emit import check_dtype, emit, stem
 from moagen.codegen.printer import signature
 from moagen.kernels import get_kernel
+from moagen.pipeline import onf_of, param_pairs
+from moagen.targets import get_target
 
 
 @lru_cache(maxsize=None)
 def library(kernel: str, variant: str, lang: str, params=()):
     """One build and one load per kernel variant, language and schedule parameters (pairs)
     per process."""
-    return load_library(emit(kernel, variant, lang, params=dict(params)), lang,
-                        stem(kernel, variant), module=FORTRAN_MODULE)
+    return get_target(lang).library(emit(kernel, variant, lang, params=dict(params)),
+                                    stem(kernel, variant))
 
 
 def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float64",
@@ -26,12 +26,12 @@ def load(kernel: str, variant: str = None, lang: str = "c", dtype: str = "float6
     """params: schedule parameters over the defaults of the language's target (a CPU's for
     C and Fortran). None and tuned: on a CPU, this machine's `moagen tune` choice where the
     tuning file (bench-results/tuning.json in the working directory) records one."""
-    target = TARGET_KIND[check_lang(lang)]
-    if params is None and tuned and target == "cpu":
+    target = get_target(lang)
+    if params is None and tuned and target.kind == "cpu":
         params = _tuned(kernel, get_kernel(kernel).variant(variant).name, lang, dtype)
-    onf = onf_of(kernel, variant, params=params, target=target)
-    return bind(library(kernel, onf.variant, lang, param_pairs(params)),
-                signature(onf, check_dtype(dtype)), lang, validate=get_kernel(kernel).validate)
+    onf = onf_of(kernel, variant, params=params, target=target.kind)
+    return target.bind(library(kernel, onf.variant, lang, param_pairs(params)),
+                       signature(onf, check_dtype(dtype)), get_kernel(kernel).validate)
 
 
 def _tuned(kernel, variant, lang, dtype):

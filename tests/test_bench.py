@@ -9,6 +9,7 @@ from moagen.bench import atomics, cases, languages, machine, report, slurm, suit
 from moagen.bench.timing import time_calls
 from moagen.bench.worker import _call
 from moagen.cli import main
+from moagen.codegen.emit import emit
 from moagen.errors import DeviceUnavailable, MoagenError
 
 QUICK = ["bench", "--quick", "--kernels", "rmsnorm_fwd", "--lang", "c", "--n", "64", "--threads", "1",
@@ -123,7 +124,7 @@ def test_a_call_per_batch_entry_computes_the_same(session_build_dir):
 
 
 def test_c_without_restrict_computes_the_same(session_build_dir):
-    source = cases.source_without_restrict("attention_fwd", "dnf")
+    source = emit("attention_fwd", "dnf", "c-norestrict")
     assert "restrict" not in source.split("*/", 1)[1]  # past the banner
     sizes = dict(batch=1, heads=2, n=9, d=5)
     args, scalars = cases.inputs("attention_fwd", sizes, "float64"), cases.scalars("attention_fwd", sizes)

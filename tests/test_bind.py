@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import sympy
 
-from moagen.bind import bind, load_library
 from moagen.bind.abi import KernelCallable
-from moagen.errors import DeviceUnavailable, UnknownNameError
+from moagen.errors import DeviceUnavailable
 from moagen.onf.signature import ArrayParam, Signature
+from moagen.targets import get_target
 
 M, N = 5, 7
 
@@ -22,13 +22,14 @@ def _reference(X, s, alpha):
 
 @pytest.fixture(scope="module")
 def libraries(session_build_dir, scale_rows):
-    return {lang: load_library(scale_rows.sources[lang], lang, "scale_rows") for lang in ("c", "fortran")}
+    return {lang: get_target(lang).library(scale_rows.sources[lang], "scale_rows")
+            for lang in ("c", "fortran")}
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("lang", ["c", "fortran"])
 def test_native_kernel_matches_numpy_exactly(libraries, scale_rows, lang, dtype):
-    kernel = bind(libraries[lang], scale_rows.signature(dtype), lang)
+    kernel = get_target(lang).bind(libraries[lang], scale_rows.signature(dtype))
     X, s = _inputs(dtype)
     Y = kernel(X, s, alpha=1.7)
     assert Y.dtype == dtype and Y.flags.c_contiguous
@@ -40,8 +41,9 @@ def test_native_kernel_matches_numpy_exactly(libraries, scale_rows, lang, dtype)
 
 
 def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):
-    f64 = bind(libraries["c"], scale_rows.signature("float64"), "c")
-    f32 = bind(libraries["c"], scale_rows.signature("float32"), "c")
+    c = get_target("c")
+    f64 = c.bind(libraries["c"], scale_rows.signature("float64"))
+    f32 = c.bind(libraries["c"], scale_rows.signature("float32"))
     X, s = _inputs("float32")
     np.testing.assert_array_equal(f32(X, s, 2.0), _reference(X, s, 2.0))
     X, s = _inputs("float64")
@@ -50,19 +52,12 @@ def test_every_kernel_of_a_library_binds_separately(libraries, scale_rows):
 
 def test_cuda_runs_or_skips_cleanly(session_build_dir, scale_rows):
     try:
-        library = load_library(scale_rows.sources["cuda"], "cuda", "scale_rows")
+        library = get_target("cuda").library(scale_rows.sources["cuda"], "scale_rows")
     except DeviceUnavailable as error:
         pytest.skip(f"no CUDA device here: {error}")
-    kernel = bind(library, scale_rows.signature("float64"), "cuda")
+    kernel = get_target("cuda").bind(library, scale_rows.signature("float64"))
     X, s = _inputs("float64")
     np.testing.assert_allclose(kernel(X, s, alpha=1.7), _reference(X, s, 1.7), rtol=1e-15)
-
-
-def test_unknown_language(scale_rows):
-    with pytest.raises(UnknownNameError, match="'rust'"):
-        load_library(scale_rows.sources["c"], "rust", "scale_rows")
-    with pytest.raises(UnknownNameError, match="'rust'"):
-        bind(None, scale_rows.signature(), "rust")
 
 
 class Stub:

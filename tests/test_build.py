@@ -8,6 +8,7 @@ import pytest
 from moagen import build
 from moagen.build import Toolchain, build_c, build_cuda, build_fortran, compile_cuda
 from moagen.errors import CompileError, CompilerNotFound
+from moagen.targets.fortran import MODULE
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_missing_compiler_names_the_package(build_dir, scale_rows, lang, field, 
     toolchain = Toolchain(**{field: "moagen-no-such-compiler"})
     with pytest.raises(CompilerNotFound, match=package) as error:
         if lang == "fortran":
-            build_fortran(scale_rows.sources[lang], "scale_rows", "moagen_scale_rows", toolchain)
+            build_fortran(scale_rows.sources[lang], "scale_rows", MODULE, toolchain)
         elif lang == "c":
             build_c(scale_rows.sources[lang], "scale_rows", toolchain)
         else:
@@ -75,7 +76,7 @@ def test_missing_compiler_names_the_package(build_dir, scale_rows, lang, field, 
 def test_missing_f90wrap_names_the_pip_package(build_dir, scale_rows, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "elsewhere" / "python"))
     with pytest.raises(CompilerNotFound, match=r"pip install f90wrap==0\.3\.0"):
-        build_fortran(scale_rows.sources["fortran"], "scale_rows", "moagen_scale_rows")
+        build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
 
 
 @pytest.mark.parametrize("lang, source, compile", [
@@ -101,7 +102,7 @@ def test_fortran_source_must_define_the_module(build_dir, scale_rows):
 
 
 def test_fortran_extension_is_named_for_its_build(session_build_dir, scale_rows):
-    extension = build_fortran(scale_rows.sources["fortran"], "scale_rows", "moagen_scale_rows")
+    extension = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
     assert extension.is_file()
     assert extension.name.startswith("_" + extension.parent.name.replace("-", "_") + ".")
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from moagen import build
-from moagen.codegen.emit import LANGS, emit, filename, stem
+from moagen.codegen.emit import emit, filename, stem
 from moagen.pipeline import onf_of
 from moagen.codegen.fortran import FortranPrinter
 from moagen.build import CUDA_ARCHS
@@ -17,6 +17,7 @@ from moagen.moa.expr import array, inner, transpose
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.loops import format_onf
 from moagen.onf.realize import realize
+from moagen.targets import LANGS
 
 VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants]
 

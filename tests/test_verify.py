@@ -1,16 +1,22 @@
 """Every kernel, variant, language and dtype agrees with numpy and PyTorch on odd sizes:
 float64 to 1e-12 relative, float32 to the bound stated in moagen.verify."""
+import types
+
 import numpy as np
 import pytest
 
 from moagen import runtime, verify
+from moagen.bench.cases import BASELINES
 from moagen.bind import cuda
-from moagen.kernels import KERNELS
+from moagen.errors import SpecError
+from moagen.kernels import KERNELS, MODULES, _kernel
 from moagen.onf.signature import DTYPES
+from moagen.pipeline import onf_of
+from moagen.targets import of_kind
 
 CASES = [(k.name, v, lang, dtype, sizes)
-         for k in KERNELS.values() for v in k.variants for lang in verify.CPU_LANGS
-         for dtype in DTYPES for sizes in verify.CHECKS[k.name].sizes]
+         for k in KERNELS.values() for v in k.variants for lang in of_kind("cpu")
+         for dtype in DTYPES for sizes in k.check.sizes]
 
 
 def _id(case):
@@ -26,8 +32,29 @@ def test_kernel_matches_references(case):
     assert max(row.errors.values()) <= verify.TOLERANCE[case[3]]
 
 
-def test_every_kernel_has_verification_cases():
-    assert set(verify.CHECKS) == set(KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS.values(), ids=lambda k: k.name)
+def test_every_kernel_declares_its_check_and_bench_sizes(kernel):
+    """Each kernel's module says what it is verified and measured on, with every size the
+    kernel takes."""
+    takes = {s.name for s in onf_of(kernel.name).sizes} | set(kernel.given)
+    assert set(kernel.check.references) == set(BASELINES)
+    assert kernel.check.sizes and all(takes <= set(sizes) for sizes in kernel.check.sizes)
+    assert takes <= set(kernel.bench.sizes(7)) and kernel.bench.sizes(7)["n"] == 7
+    assert kernel.bench.lengths(quick=True) and kernel.bench.lengths(quick=False)
+
+
+def test_every_declaration_is_of_a_kernel_its_module_lists():
+    for module in MODULES:
+        listed = {entry[0].name for entry in module.KERNELS}
+        assert set(module.CHECKS) == set(module.BENCH) == listed, module.__name__
+
+
+def test_a_kernel_without_declarations_is_refused():
+    module = types.SimpleNamespace(__name__="moagen.kernels.new", CHECKS={}, BENCH={})
+    spec = KERNELS["rmsnorm_apply"].spec
+    with pytest.raises(SpecError, match="moagen.kernels.new lists kernel rmsnorm_apply but has "
+                                        "no CHECKS entry"):
+        _kernel(module, spec, {})
 
 
 @pytest.mark.parametrize("kernel, sizes, wrong", [

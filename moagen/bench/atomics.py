@@ -85,9 +85,9 @@ def figure(table, path):
 
 
 def main(args):
-    from moagen.bind import cuda
+    from moagen.targets import get_target
     langs = [cases.check_impl(lang) for lang in args.lang or
-             (["c", "cuda"] if cuda.available() else ["c"])]
+             [lang for lang in ("c", "cuda") if get_target(lang).runs_here()]]
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(plan(args.n, langs, args.repeats), results)
     table = rows(records)

@@ -1,19 +1,23 @@
 """What a sweep runs: each kernel's sizes as a function of one length n, and the callables
-timed on the same inputs: generated kernels per language and the numpy and PyTorch
-references (moagen.verify.CHECKS), which compute the same outputs."""
+timed on the same inputs: generated kernels per language (moagen.targets) and the numpy and
+PyTorch references, which compute the same outputs. Each kernel's module declares its sizes,
+lengths and references (its `bench` and `check`, moagen.kernels.cases)."""
 import numpy as np
 
 from moagen.errors import DeviceUnavailable, UnknownNameError
 
 BASELINES = ("numpy", "torch")
-NO_RESTRICT = "c-norestrict"  # C printed without `restrict` (the c-vs-fortran ablation)
-KERNEL_LANGS = ("c", "fortran", "cuda", NO_RESTRICT)
+
+
+def _bench(kernel: str):
+    from moagen.kernels import get_kernel
+    return get_kernel(kernel).bench
 
 
 def sizes(kernel: str, n: int, overrides=None) -> dict:
     """Sizes of a transformer layer's shape, at sequence (or cache) length n; overrides
     replace the kernel's other sizes of the same names (n is never overridden)."""
-    base = _layer_sizes(kernel, n)
+    base = _bench(kernel).sizes(n)
     bad = {k for k in overrides or {} if k == "n" or not isinstance(overrides[k], int)
            or overrides[k] < 1}
     if bad:
@@ -24,41 +28,11 @@ def sizes(kernel: str, n: int, overrides=None) -> dict:
 
 def overridden(kernel: str, overrides) -> dict:
     """The overrides of sizes this kernel has (--size heads=8 means nothing to RMSNorm)."""
-    return {k: v for k, v in (overrides or {}).items() if k in _layer_sizes(kernel, 1)}
-
-
-def _layer_sizes(kernel: str, n: int) -> dict:
-    if kernel.startswith("attention_decode"):
-        return dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128, n=n)
-    if kernel.startswith("kv_append"):
-        return dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n)
-    if kernel.startswith("rmsnorm"):
-        return dict(batch=1, n=n, d=1024)
-    model = dict(batch=1, n=n, dm=512)  # a small model: 8 heads of 64, d_ff = 2.75 d_model
-    if kernel.startswith("mlp"):
-        return dict(model, dff=1408)
-    if kernel.startswith(("qkv_proj", "out_proj")):
-        return dict(model, heads=8, dh=64)
-    if kernel.startswith("residual"):
-        return model
-    if kernel.startswith("block"):
-        return dict(model, heads=8, dh=64, dff=1408)
-    return dict(batch=1, heads=4, n=n, d=64)
-
-
-# sequence lengths per kernel family: (quick, full)
-LENGTHS = {"attention": ((128,), (256, 512, 1024)),
-           "attention_decode": ((4096,), (1024, 8192, 32768)),
-           "kv_append": ((4096,), (1024, 32768)),
-           "rmsnorm": ((1024,), (1024, 8192)),
-           "mlp": ((256,), (512, 2048)),
-           **{family: ((256,), (512, 2048)) for family in ("qkv_proj", "out_proj", "residual",
-                                                          "block")}}
+    return {k: v for k, v in (overrides or {}).items() if k in _bench(kernel).sizes(1)}
 
 
 def lengths(kernel: str, quick: bool):
-    family = next(f for f in sorted(LENGTHS, key=len, reverse=True) if kernel.startswith(f))
-    return LENGTHS[family][0 if quick else 1]
+    return _bench(kernel).lengths(quick)
 
 
 def targets(items):
@@ -74,12 +48,12 @@ def targets(items):
 
 
 def check_impl(lang: str):
-    if lang not in KERNEL_LANGS:  # the baselines run next to every language anyway
-        raise UnknownNameError(f"unknown language {lang!r}; expected one of {', '.join(KERNEL_LANGS)}")
-    if lang == "cuda":
-        from moagen.bind import cuda
-        if not cuda.available():
-            raise DeviceUnavailable("CUDA requested but no GPU (or no pycuda) is available here")
+    """A language to measure (the baselines run next to every one anyway), refused up front
+    where its kernels cannot run here."""
+    from moagen.targets import get_target
+    target = get_target(lang)
+    if not target.runs_here():
+        raise DeviceUnavailable(f"{lang} requested but {target.missing} is available here")
     return lang
 
 
@@ -94,9 +68,11 @@ def inputs(kernel: str, sizes: dict, dtype: str, seed=0, empty=np.empty):
     copied into arrays from `empty` (which decides where their pages are first touched)."""
     from moagen.pipeline import onf_of
     from moagen.codegen.printer import signature
-    from moagen.verify import CHECKS, make_inputs
+    from moagen.kernels import get_kernel
+    from moagen.verify import make_inputs
     sig = signature(onf_of(kernel), dtype)
-    arrays = make_inputs(sig, sizes, scalars(kernel, sizes), CHECKS[kernel], np.random.default_rng(seed))
+    arrays = make_inputs(sig, sizes, scalars(kernel, sizes), get_kernel(kernel).check,
+                         np.random.default_rng(seed))
     placed = [empty(a.shape, a.dtype) for a in arrays]
     for dst, src in zip(placed, arrays):
         np.copyto(dst, src)
@@ -107,39 +83,11 @@ def kernel_callable(kernel: str, variant: str, lang: str, dtype: str, params=Non
     """A callable(*inputs, out=None, **scalars) for a generated kernel (params: schedule
     parameters over the variant's defaults) or a baseline."""
     from moagen import runtime
-    from moagen.verify import CHECKS
-    if lang in BASELINES:
-        reference = CHECKS[kernel].references[lang]
-        return lambda *args, out=None, **kw: reference(*args, **kw)
-    if lang == NO_RESTRICT:
-        return _load_without_restrict(kernel, variant, dtype)
-    return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
-
-
-def source_without_restrict(kernel, variant, dtypes=("float64", "float32")):
-    """The kernel's C, printed with plain pointers: the compiler must assume they alias."""
-    from moagen.codegen.c import CPrinter, emit_c
-    from moagen.pipeline import onf_of
-
-    class Plain(CPrinter):
-        restrict = ""
-
-    onf = onf_of(kernel, variant)
-    return emit_c([(dtype, onf) for dtype in dtypes],
-                  [f"{onf.name} {onf.variant}, printed without restrict"], printer=Plain)
-
-
-def _load_without_restrict(kernel, variant, dtype):
-    from moagen.bind import bind, load_library
-    from moagen.codegen.emit import stem
-    from moagen.pipeline import onf_of
-    from moagen.codegen.printer import signature
     from moagen.kernels import get_kernel
-
-    onf = onf_of(kernel, variant)
-    library = load_library(source_without_restrict(kernel, onf.variant), "c",
-                           stem(kernel, onf.variant) + "_norestrict")
-    return bind(library, signature(onf, dtype), "c", validate=get_kernel(kernel).validate)
+    if lang in BASELINES:
+        reference = get_kernel(kernel).check.references[lang]
+        return lambda *args, out=None, **kw: reference(*args, **kw)
+    return runtime.load(kernel, variant, lang, dtype, params, tuned=False)
 
 
 def outputs(fn, sizes):

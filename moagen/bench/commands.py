@@ -11,12 +11,14 @@ def add_parsers(bench, benchmarks, top):
     top: the top-level subcommands."""
     from moagen.cli import name_equals_integer
     from moagen.onf.signature import DTYPES
+    from moagen.targets import TARGETS, of_kind
 
     bench.add_argument("--quick", action="store_true", help="a sanity sweep, under a minute")
     bench.add_argument("--kernels", nargs="+", metavar="KERNEL[:VARIANT]",
                        help="a kernel (every variant) or one variant of it; default: every kernel")
     bench.add_argument("--lang", action="append", metavar="LANG",
-                       help="c, fortran, cuda, c-norestrict (repeatable; default c and fortran)")
+                       help=f"{', '.join(TARGETS)} (repeatable; default: "
+                            f"{' and '.join(of_kind('cpu'))})")
     bench.add_argument("--threads", type=int, nargs="+", help="default: 1, 2, 4, ... the cores")
     bench.add_argument("--n", type=int, nargs="+", help="lengths (default: per kernel)")
     bench.add_argument("--dtype", choices=DTYPES, default="float64")
@@ -38,7 +40,7 @@ def add_parsers(bench, benchmarks, top):
                                     "machine by timing every candidate")
     p.add_argument("kernels", nargs="+", metavar="KERNEL")
     p.add_argument("--variant", help="default: every variant with parameters")
-    p.add_argument("--lang", action="append", choices=("c", "fortran"), help="default: c")
+    p.add_argument("--lang", action="append", choices=of_kind("cpu"), help="default: c")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     p.add_argument("--n", type=int, help="length (default: the kernel's largest bench length)")
     p.add_argument("--size", action="append", default=[], type=name_equals_integer,
@@ -57,7 +59,7 @@ def add_parsers(bench, benchmarks, top):
     for size, default in DEFAULT_SIZES.items():
         p.add_argument(f"--{size}", type=int, default=default)
     p.add_argument("--dtype", choices=DTYPES, default="float64")
-    p.add_argument("--lang", choices=("c", "fortran"), default="c")  # host memory only
+    p.add_argument("--lang", choices=of_kind("cpu"), default="c")  # host memory only
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the records as JSON")
     p.set_defaults(run=_run("moagen.bench.memory"))
 

@@ -17,7 +17,7 @@ from moagen.bench import cases, sweep
 from moagen.bench.machine import summary as machine_summary
 from moagen.errors import CompilerNotFound
 
-LANGS = ("c", "c-norestrict", "fortran")
+LANGS = ("c", "c-norestrict", "fortran")  # the targets compared (moagen.targets)
 DEFAULT_KERNELS = ("attention_fwd", "attention_bwd", "attention_fwdbwd", "attention_decode",
                    "rmsnorm_fwd")
 VALGRIND_FLAGS = "-O3 -march=x86-64-v3 -fopenmp -fPIC"
@@ -42,22 +42,17 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
     import sympy
 
     from moagen import build
-    from moagen.codegen.emit import FORTRAN_MODULE, emit, stem
-    from moagen.pipeline import onf_of
+    from moagen.codegen.emit import emit, stem
     from moagen.codegen.printer import signature
+    from moagen.pipeline import onf_of
+    from moagen.targets import get_target
 
     if shutil.which("valgrind") is None:
         raise CompilerNotFound("valgrind not found; install it with: apt-get install valgrind")
     toolchain = build.Toolchain(cflags=tuple(VALGRIND_FLAGS.split()) + ("-std=c99",),
                                 fflags=tuple(VALGRIND_FLAGS.split()))
-    name = stem(kernel, variant)
-    if lang == "fortran":  # its bind(C) routine is exported under the same name as C's
-        library = build.build_fortran(emit(kernel, variant, "fortran"), name, FORTRAN_MODULE, toolchain)
-    elif lang == "c":
-        library = build.build_c(emit(kernel, variant, "c"), name, toolchain)
-    else:
-        library = build.build_c(cases.source_without_restrict(kernel, variant), name + "_norestrict",
-                                toolchain)
+    # Fortran's bind(C) routine is exported under the same name as C's function
+    library = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant), toolchain)
     sig = signature(onf_of(kernel, variant), "float64")
     env = {s: sizes[s.name] for s in sig.sizes}
     scalars = cases.scalars(kernel, sizes)
@@ -79,11 +74,13 @@ def callgrind(kernel, variant, lang, sizes) -> dict:
 def restrict_changes_code(kernel, variant) -> bool:
     """Whether gcc, with the kernels' flags, emits other instructions for the C printed
     without restrict: if not, restrict cannot explain any gap."""
-    from moagen import build
     from moagen.codegen.emit import emit, stem
-    name = stem(kernel, variant)
-    return _disassembly(build.build_c(emit(kernel, variant, "c"), name)) != \
-        _disassembly(build.build_c(cases.source_without_restrict(kernel, variant), name + "_norestrict"))
+    from moagen.targets import get_target
+
+    def code(lang):
+        built = get_target(lang).build(emit(kernel, variant, lang), stem(kernel, variant))
+        return _disassembly(built)
+    return code("c") != code("c-norestrict")
 
 
 def _disassembly(library):

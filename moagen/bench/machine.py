@@ -57,8 +57,10 @@ def describe() -> dict:
 
 
 def summary(machine: dict) -> str:
-    """One line: the CPU, its cores and NUMA nodes, and the C and Fortran compilers."""
-    tc = machine["toolchain"]
+    """One line: the CPU, its cores and NUMA nodes, and the CPU languages' compilers (C and
+    Fortran)."""
+    from moagen.targets import get_target, of_kind
+    records = [machine["toolchain"][get_target(lang).toolchain] for lang in of_kind("cpu")]
     return (f"{machine['cpu']}, {machine['cores']} cores ({machine['logical_cpus']} CPUs), "
-            f"{len(machine['numa_nodes'])} NUMA node(s); {tc['c']['version']} "
-            f"{' '.join(tc['c']['flags'])}; {tc['fortran']['version']} {' '.join(tc['fortran']['flags'])}")
+            f"{len(machine['numa_nodes'])} NUMA node(s); "
+            + "; ".join(f"{r['version']} {' '.join(r['flags'])}" for r in records))

@@ -84,7 +84,8 @@ def _measure_here(kernel, variant, lang, dtype, sizes) -> dict:
     """In the fresh process: the call's memory before and at its peak, and its time."""
     import numpy as np
 
-    from moagen import runtime, verify
+    from moagen import runtime
+    from moagen.kernels import get_kernel
 
     fn = runtime.load(kernel, variant, lang, dtype, tuned=False)
     sig = fn.signature
@@ -95,7 +96,7 @@ def _measure_here(kernel, variant, lang, dtype, sizes) -> dict:
     # want its forward's O and lse
     inputs = [rng.standard_normal(shape(p)).astype(dtype) for p in sig.inputs]
     outputs = tuple(np.ones(shape(p), dtype) for p in sig.outputs)  # resident before the call
-    scalars = verify.CHECKS[kernel].scalars(sizes)
+    scalars = get_kernel(kernel).check.scalars(sizes)
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # VmHWM := VmRSS
     before = _status_kib("VmRSS")

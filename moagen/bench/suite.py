@@ -58,7 +58,8 @@ def main(args):
     cores = os.cpu_count()
     threads = args.threads or ([cores] if args.quick else thread_counts(cores))
     from moagen.bench.tune import load_choices
-    jobs = plan(args.kernels, args.lang or ["c", "fortran"], threads, args.dtype, args.quick, args.n,
+    from moagen.targets import of_kind
+    jobs = plan(args.kernels, args.lang or of_kind("cpu"), threads, args.dtype, args.quick, args.n,
                 baselines=args.baselines, choices={} if args.untuned else load_choices(args.tuning),
                 sizes=dict(args.size))
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])

@@ -65,10 +65,11 @@ def verify(kernel, variant, lang, dtype, params):
     """A candidate is timed only once it matches the references at every verification size
     (sizes that cut its tiles)."""
     from moagen import runtime
-    from moagen.verify import CHECKS, check_case, format_row
+    from moagen.kernels import get_kernel
+    from moagen.verify import check_case, format_row
 
     load = lambda k, v, l, d: runtime.load(k, v, l, d, params)
-    for sizes in CHECKS[kernel].sizes:
+    for sizes in get_kernel(kernel).check.sizes:
         row = check_case(kernel, variant, lang, dtype, sizes, load)
         if row.failed:
             raise MoagenError(f"{kernel} {variant} with {_format(params)} does not match its "

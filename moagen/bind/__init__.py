@@ -1,36 +1,7 @@
-"""Loaders: build a kernel source, load the artifact, wrap each exported function in the one
-KernelCallable interface.
+"""Loaders: one module per way a built kernel is loaded (c: cffi, fortran: the f2py
+extension, cuda: pycuda), each wrapping every exported function in the one KernelCallable
+interface (abi.py). Which language loads how is registered in moagen.targets:
 
-    library = load_library(source, "c", "scale_rows")
-    scale_rows = bind(library, signature, "c")
+    target = moagen.targets.get_target("c")
+    scale_rows = target.bind(target.library(source, "scale_rows"), signature, validate)
 """
-from .. import build
-from ..errors import UnknownNameError
-from . import c, cuda, fortran
-from .abi import KernelCallable
-
-LANGS = ("c", "fortran", "cuda")
-_LOADERS = {"c": c, "fortran": fortran, "cuda": cuda}
-
-
-def load_library(source, lang, stem, module=None, toolchain=None):
-    """Build `source` (cached) and load it. Fortran sources define the module `module`,
-    by default moagen_<stem>. CUDA raises DeviceUnavailable without pycuda or a GPU."""
-    _check(lang)
-    if lang == "c":
-        return c.load(build.build_c(source, stem, toolchain))
-    if lang == "fortran":
-        module = module or f"moagen_{stem}"
-        return fortran.load(build.build_fortran(source, stem, module, toolchain), module)
-    return cuda.load(build.build_cuda(source, stem, toolchain))
-
-
-def bind(library, signature, lang, validate=None) -> KernelCallable:
-    """The kernel `signature.name` of a loaded library, as a KernelCallable."""
-    _check(lang)
-    return _LOADERS[lang].bind(library, signature, validate)
-
-
-def _check(lang):
-    if lang not in LANGS:
-        raise UnknownNameError(f"unknown language {lang!r}; expected one of {', '.join(LANGS)}")

@@ -66,7 +66,7 @@ class Counts:
 def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
             cache: CacheConfig = CacheConfig()) -> Counts:
     """The counts of one call of the C kernel at these sizes (every size, by name)."""
-    from moagen.verify import CHECKS  # the scalars the verification uses (a softmax's scale)
+    from moagen.kernels import get_kernel  # the scalars its check uses (a softmax's scale)
 
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -75,7 +75,7 @@ def measure(kernel: str, variant: str, sizes: dict, dtype: str = "float64",
     onf = onf_of(kernel, variant)
     printer = CPrinter(onf, dtype)
     sig = printer.sig
-    scalars = CHECKS[kernel].scalars(sizes)
+    scalars = get_kernel(kernel).check.scalars(sizes)
     library = build.build_c(emit(kernel, onf.variant, "c"), stem(kernel, onf.variant),
                             build.Toolchain(cflags=CFLAGS))
     argv = [str(sizes[s.name]) for s in sig.sizes] + [repr(float(scalars[s])) for s in sig.scalars]

@@ -21,6 +21,7 @@ from moagen.codegen.emit import emit, stem
 from moagen.pipeline import onf_of
 from moagen.errors import CompilerNotFound, MoagenError
 from moagen.onf.count import atomic_updates
+from moagen.targets import get_target
 
 INSTALL_CUOBJDUMP = "pip install nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37"
 # global atomics (ATOM, ATOMG; RED, REDG when the old value is unused) and shared ones
@@ -44,7 +45,7 @@ class KernelReport:
 def inspect(kernel: str, variant: str = None, dtype: str = "float64",
             archs: Tuple[str, ...] = CUDA_ARCHS):
     """One KernelReport per __global__ kernel of the variant's `dtype` launcher, per arch."""
-    onf = onf_of(kernel, variant)
+    onf = onf_of(kernel, variant, target=get_target("cuda").kind)  # the ONF emit prints
     names = [k["name"] for k in CudaPrinter(onf, dtype).kernels()]  # one per nest, in order
     source = emit(kernel, onf.variant, "cuda")
     reports = []

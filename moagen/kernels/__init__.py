@@ -3,13 +3,17 @@ it materializes and its schedule; or a composite of registered kernels (the bloc
 
 A variant's schedule may have parameters (tile sizes, rows unrolled together): the module
 gives a Tunable, whose defaults are what generated/ holds and whose space is what
-`moagen tune` searches on a machine."""
+`moagen tune` searches on a machine.
+
+Each module also declares what its kernels are verified and measured on (CHECKS and BENCH,
+moagen.kernels.cases): every registered kernel has both."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from moagen.errors import UnknownNameError
+from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import (attention, attention_bwd, attention_decode, attention_fwdbwd, block,
                             kv_append, mlp, projections, rmsnorm)
+from moagen.kernels.cases import Bench, Check
 from moagen.kernels.compose import Composite, compose
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
@@ -66,6 +70,8 @@ class _Variants:
 class Kernel(_Variants):
     spec: KernelSpec
     variants: Dict[str, Variant]
+    check: Check  # the references and sizes moagen.verify compares it with
+    bench: Bench  # the sizes and lengths moagen bench measures it at
     # checks of a call's sizes and scalars beyond shapes: validate(sizes, scalars) raises
     # ValueError before native code runs
     validate: Optional[Callable] = None
@@ -93,6 +99,8 @@ class Kernel(_Variants):
 class CompositeKernel(_Variants):
     """One variant, `composed`: the stages as the composite lists them."""
     composite: Composite
+    check: Check
+    bench: Bench
     validate: Optional[Callable] = None
     given = ()
 
@@ -115,11 +123,21 @@ class CompositeKernel(_Variants):
         return compose(self.composite, lambda *a, **kw: onf_of(*a, **kw, target=target))
 
 
-def _kernel(spec, variants, validate=None):
+def _kernel(module, spec, variants, validate=None):
+    cases = (_declared(module, "CHECKS", spec.name), _declared(module, "BENCH", spec.name))
     if isinstance(spec, Composite):
-        return CompositeKernel(spec, validate)
+        return CompositeKernel(spec, *cases, validate)
     return Kernel(spec, {name: _variant(name, entry) for name, entry in variants.items()},
-                  validate)
+                  *cases, validate)
+
+
+def _declared(module, table, kernel):
+    """What a kernel's module declares for it in one of its tables (CHECKS, BENCH)."""
+    declared = getattr(module, table, {})
+    if kernel not in declared:
+        raise SpecError(f"{module.__name__} lists kernel {kernel} but has no {table} entry "
+                        "for it (moagen.kernels.cases)")
+    return declared[kernel]
 
 
 def _variant(name, entry):
@@ -134,7 +152,8 @@ def _variant(name, entry):
 # are None
 MODULES = (attention, attention_bwd, attention_fwdbwd, attention_decode, kv_append, rmsnorm, mlp,
            projections, block)
-KERNELS = {k.name: k for module in MODULES for k in (_kernel(*entry) for entry in module.KERNELS)}
+KERNELS = {k.name: k for module in MODULES
+           for k in (_kernel(module, *entry) for entry in module.KERNELS)}
 
 
 def get_kernel(name: str):

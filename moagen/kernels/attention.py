@@ -2,6 +2,10 @@
 subtracting the row maximum; optionally causal (query i sees keys j <= i, as PyTorch's
 is_causal). Written once; the variants differ only in what they materialize and in their
 schedule."""
+import math
+
+from moagen import reference
+from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
@@ -87,3 +91,20 @@ VARIANTS = {
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+# What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
+# key, sizes that divide nothing, n past a block of keys; the bench on 4 heads of 64.
+CHECK_SIZES = (dict(batch=1, heads=1, n=1, d=3), dict(batch=2, heads=3, n=7, d=5),
+               dict(batch=1, heads=2, n=257, d=80))
+ON_HEADS = Bench(lambda n: dict(batch=1, heads=4, n=n, d=64), quick=(128,), full=(256, 512, 1024))
+
+
+def softmax_scale(sizes):
+    """The softmax's scale, 1 / sqrt(d), as the scalar argument `scale`."""
+    return {"scale": 1 / math.sqrt(sizes["d"])}
+
+
+CHECKS = {name: Check(references(reference.attention_fwd_numpy, reference.attention_fwd_torch,
+                                 causal=causal), CHECK_SIZES, softmax_scale)
+          for name, causal in (("attention_fwd", False), ("attention_fwd_causal", True))}
+BENCH = dict.fromkeys(CHECKS, ON_HEADS)

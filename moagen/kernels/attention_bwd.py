@@ -7,7 +7,11 @@ the output gradient dO (per batch and head; optionally causal):
     dS = P * (dP - delta),  delta = rowsum(dO * O)  (== rowsum(dP * P))
     dQ = scale * dS K,      dK = scale * dS^T Q
 """
+from moagen import reference
 from moagen.kernels.attention import K, Q, V, causal_mask
+from moagen.kernels.attention import (CHECK_SIZES, ON_HEADS, K, Q, V, causal_mask,
+                                      softmax_scale)
+from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import Scalar, array, exp, inner, lift, named, omega, psi, reduce, transpose
 from moagen.moa.spec import KernelSpec, Output
@@ -73,3 +77,20 @@ VARIANTS = {
 }
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+
+def _forward_of(causal):
+    """The backward's O and lse, computed from its Q, K and V in float64."""
+    def consistent(arrays, scalars):
+        Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
+        O, lse = reference.attention_fwd_numpy(Q, K, V, scalars["scale"], causal)
+        return dict(arrays, O=O, lse=lse)
+    return consistent
+
+
+# what verification and the benchmarks run these kernels on (moagen.kernels.cases)
+CHECKS = {name: Check(references(reference.attention_bwd_numpy, reference.attention_bwd_torch,
+                                 causal=causal), CHECK_SIZES, softmax_scale,
+                      inputs=_forward_of(causal))
+          for name, causal in (("attention_bwd", False), ("attention_bwd_causal", True))}
+BENCH = dict.fromkeys(CHECKS, ON_HEADS)

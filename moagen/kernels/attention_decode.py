@@ -6,7 +6,10 @@ KV head h // (q_heads / kv_heads), by indexing, so the cache is read once per gr
 kv_heads = 1. The query is the newest position, so it sees every valid row: decode is
 causal by construction.
 """
+from moagen import reference
 from moagen.kernels.attention import KEY_BLOCK
+from moagen.kernels.attention import KEY_BLOCK, softmax_scale
+from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import (Scalar, array, exp, idiv, inner, lift, log, psi, reduce, sym, take)
@@ -99,3 +102,15 @@ VARIANTS = {
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]
+
+# What verification and the benchmarks run this kernel on (moagen.kernels.cases): MHA, GQA
+# (3 query heads a KV head), MQA; n = cap and n < cap. The bench: 32 query heads over 8 KV
+# heads of 128, a full cache of n rows.
+CHECKS = {"attention_decode": Check(
+    references(reference.attention_decode_numpy, reference.attention_decode_torch),
+    (dict(batch=1, q_heads=1, kv_heads=1, cap=1, d=3, n=1),
+     dict(batch=2, q_heads=6, kv_heads=2, cap=11, d=5, n=7),
+     dict(batch=1, q_heads=8, kv_heads=1, cap=300, d=80, n=257)), softmax_scale)}
+BENCH = {"attention_decode": Bench(lambda n: dict(batch=1, q_heads=32, kv_heads=8, cap=n, d=128,
+                                                  n=n),
+                                   quick=(4096,), full=(1024, 8192, 32768))}

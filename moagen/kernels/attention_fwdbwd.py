@@ -15,19 +15,22 @@ stored. Two ONFs of the same DNF:
   rows sweep the query rows together, so that each query block is read once per key block
   (BlockInterchange), not once per few key rows.
 """
-from moagen.kernels.attention import KEY_BLOCK, K, Q, V, softmax_parts
+from moagen import reference
+from moagen.kernels.attention import (CHECK_SIZES, KEY_BLOCK, ON_HEADS, K, Q, V,
+                                      softmax_parts, softmax_scale)
 from moagen.kernels.attention_bwd import BH, DO, EXTENTS, gradients
+from moagen.kernels.cases import Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import inner, lift, log, named, omega, psi
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.fusion import FuseNests, Scatter
 from moagen.onf.interchange import BlockInterchange
-from moagen.onf.online import OnlineSoftmax
-from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.keyblocks import KeyBlocks
+from moagen.onf.online import OnlineSoftmax
 from moagen.onf.partials import PartBuffers
 from moagen.onf.reductions import LowerReductions
+from moagen.onf.schedule import Accumulate, Distribute, Hoist, Parallel
 from moagen.onf.unroll import keys_summed, rows_together, tiled
 
 
@@ -127,3 +130,10 @@ VARIANTS = {"atomic": ATOMIC,
 
 
 KERNELS = [(spec(False), VARIANTS), (spec(True), VARIANTS)]
+
+# what verification and the benchmarks run these kernels on (moagen.kernels.cases)
+CHECKS = {name: Check(references(reference.attention_fwdbwd_numpy,
+                                 reference.attention_fwdbwd_torch, causal=causal),
+                      CHECK_SIZES, softmax_scale)
+          for name, causal in (("attention_fwdbwd", False), ("attention_fwdbwd_causal", True))}
+BENCH = dict.fromkeys(CHECKS, ON_HEADS)

@@ -11,8 +11,12 @@ block code is written by hand.
 
 What the forward returns besides y is derived: the intermediates the backward reads.
 """
+import math
+
+from moagen import reference_block
+from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.compose import Composite, Stage
-from moagen.kernels.rmsnorm import positive_eps
+from moagen.kernels.rmsnorm import EPS, positive_eps, recomputing
 from moagen.moa.expr import array
 
 X = array("x", "batch", "n", "dm")
@@ -91,3 +95,40 @@ FORWARD = Composite(
 
 
 KERNELS = [(FORWARD, None, positive_eps("block_fwd")), (BACKWARD, None)]
+
+# What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
+# row, a partial row tile and widths below a tile; sizes that divide nothing.
+CHECK_SIZES = (dict(batch=1, n=1, dm=3, heads=1, dh=2, dff=5),
+               dict(batch=2, n=7, dm=13, heads=3, dh=5, dff=19),
+               dict(batch=1, n=37, dm=40, heads=2, dh=19, dff=101))
+MATRICES = tuple(w.name for w in (WQ, WK, WV, WO, WG, WU, WD))
+
+
+def _scalars(sizes):
+    return {"eps": EPS, "scale": 1 / math.sqrt(sizes["dh"])}
+
+
+def _initialized(arrays, scalars):
+    """Weights scaled by 1/sqrt(fan-in), as a model is initialized, so that activations
+    stay O(1) through the block."""
+    fan_in = lambda w: math.prod(arrays[w].shape[:2 if w == "Wo" else 1])  # Wo: heads x dh
+    return dict(arrays, **{w: arrays[w] / math.sqrt(fan_in(w)) for w in MATRICES})
+
+
+def _kept(arrays, scalars):
+    """The backward's kept activations, from the forward on the same x and weights."""
+    arrays = _initialized(arrays, scalars)
+    kept = reference_block.block_fwd_numpy(*(arrays[a.name] for a in FORWARD.inputs),
+                                           eps=EPS, scale=scalars["scale"])[1:]
+    return dict(arrays, **dict(zip(FORWARD.kept(), kept)))
+
+
+CHECKS = {
+    "block_fwd": Check(references(reference_block.block_fwd_numpy,
+                                  reference_block.block_fwd_torch), CHECK_SIZES, _scalars,
+                       inputs=_initialized),
+    "block_bwd": Check(recomputing(reference_block.block_bwd_numpy,
+                                   reference_block.block_bwd_torch), CHECK_SIZES,
+                       lambda sizes: {"scale": _scalars(sizes)["scale"]}, inputs=_kept),
+}
+BENCH = dict.fromkeys(CHECKS, on_model("dm", "heads", "dh", "dff"))

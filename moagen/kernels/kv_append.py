@@ -1,5 +1,7 @@
 """Append one row per (batch, KV head) to a preallocated KV cache: the new K and V rows go to
 row n of the caches (n rows are valid before the call), in place, in O(d) per head."""
+from moagen import reference
+from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.moa.expr import BinOp, array, dim, iota, lift, psi, where
 from moagen.moa.spec import KernelSpec, Output
@@ -43,3 +45,12 @@ VARIANTS = {
 }
 
 KERNELS = [(SPEC, VARIANTS, validate)]
+
+# What verification and the benchmarks run this kernel on (moagen.kernels.cases): into an
+# empty cache, the middle, the last row; the bench appends row n to a cache of n + 1 rows.
+CHECKS = {"kv_append": Check(
+    references(reference.kv_append_numpy, reference.kv_append_torch),
+    (dict(batch=1, kv_heads=1, cap=1, d=3, n=0), dict(batch=2, kv_heads=3, cap=7, d=5, n=4),
+     dict(batch=1, kv_heads=2, cap=257, d=80, n=256)))}
+BENCH = {"kv_append": Bench(lambda n: dict(batch=1, kv_heads=8, cap=n + 1, d=128, n=n),
+                            quick=(4096,), full=(1024, 32768))}

@@ -14,6 +14,8 @@ variants; the weight gradients are sums over all rows computed by
 whole output tiles, so each thread owns the weights it writes: no atomics, and every sum
 runs over the rows in one fixed order.
 """
+from moagen import reference_block
+from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import array, exp, inner, lift, named, psi, reduce, silu, transpose
@@ -160,3 +162,20 @@ BACKWARD_VARIANTS = {
 }
 
 KERNELS = [(forward_spec(), FORWARD_VARIANTS), (backward_spec(), BACKWARD_VARIANTS)]
+
+
+def _forward_u(arrays, scalars):
+    """The backward's U is the forward's X Wg."""
+    return dict(arrays, U=arrays["X"] @ arrays["Wg"])
+
+
+# What verification and the benchmarks run these kernels on (moagen.kernels.cases): one
+# row, a partial row tile, widths below and past a tile (TILE_DEFAULTS).
+CHECK_SIZES = (dict(batch=1, n=1, dm=3, dff=5), dict(batch=2, n=7, dm=13, dff=19),
+               dict(batch=1, n=37, dm=80, dff=203))
+CHECKS = {"mlp_fwd": Check(references(reference_block.mlp_fwd_numpy,
+                                      reference_block.mlp_fwd_torch), CHECK_SIZES),
+          "mlp_bwd": Check(references(reference_block.mlp_bwd_numpy,
+                                      reference_block.mlp_bwd_torch), CHECK_SIZES,
+                           inputs=_forward_u)}
+BENCH = dict.fromkeys(CHECKS, on_model("dm", "dff"))

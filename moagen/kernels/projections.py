@@ -11,6 +11,8 @@ Wq, Wk, Wv (dm, heads, dh) and Wo (heads, dh, dm). Per (batch, head):
 Every product is register tiled (moagen.onf.tiling); a weight that would be read across
 its rows is first stored transposed, once, so that every tile reads contiguous rows.
 """
+from moagen import reference_block
+from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.mlp import TILE_DEFAULTS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
@@ -146,3 +148,23 @@ ROWS = Layers(mapping=cpu(Parallel(("b", "i"))))
 
 KERNELS = [(QKV, QKV_VARIANTS), (_qkv_backward(), QKV_BWD_VARIANTS), (OUT, OUT_VARIANTS),
            (_out_backward(), OUT_BWD_VARIANTS), (ADD, {"dnf": (frozenset(), ROWS)})]
+
+# What verification and the benchmarks run these kernels on (moagen.kernels.cases).
+CHECK_SIZES = (dict(batch=1, n=1, dm=3, heads=1, dh=2), dict(batch=2, n=7, dm=13, heads=3, dh=5),
+               dict(batch=1, n=37, dm=80, heads=2, dh=19))
+CHECKS = {
+    "qkv_proj": Check(references(reference_block.qkv_proj_numpy,
+                                 reference_block.qkv_proj_torch), CHECK_SIZES),
+    "qkv_proj_bwd": Check(references(reference_block.qkv_proj_bwd_numpy,
+                                     reference_block.qkv_proj_bwd_torch), CHECK_SIZES),
+    "out_proj": Check(references(reference_block.out_proj_numpy,
+                                 reference_block.out_proj_torch), CHECK_SIZES),
+    "out_proj_bwd": Check(references(reference_block.out_proj_bwd_numpy,
+                                     reference_block.out_proj_bwd_torch), CHECK_SIZES),
+    "residual_add": Check(references(reference_block.residual_add_numpy,
+                                     reference_block.residual_add_torch),
+                          tuple({k: s[k] for k in ("batch", "n", "dm")} for s in CHECK_SIZES)),
+}
+BENCH = {**dict.fromkeys(("qkv_proj", "qkv_proj_bwd", "out_proj", "out_proj_bwd"),
+                         on_model("dm", "heads", "dh")),
+         "residual_add": on_model("dm")}

@@ -6,7 +6,12 @@
 
 The forward keeps the per-row statistic r (inv_rms) for the backward, never x / r."""
 from dataclasses import replace
+from functools import partial
 
+import numpy as np
+
+from moagen import reference_block
+from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.expr import Scalar, array, dim, lift, named, psi, reduce, rsqrt
@@ -109,3 +114,35 @@ APPLY = KernelSpec(
 
 KERNELS = [(FORWARD, FORWARD_VARIANTS, positive_eps("rmsnorm_fwd")), (_backward(), BACKWARD_VARIANTS),
            (APPLY, {"dnf": (frozenset(), Layers(mapping=cpu(Parallel(ROWS))))})]
+
+# What verification and the benchmarks run these kernels on (moagen.kernels.cases).
+EPS = 1e-5  # the eps of the checks, and of the statistics a backward is given
+CHECK_SIZES = (dict(batch=1, n=1, d=3), dict(batch=2, n=7, d=80), dict(batch=3, n=257, d=5))
+
+
+def kept_statistic(arrays, scalars):
+    """The backward's inv_rms is the forward's, with eps = EPS."""
+    x = arrays["x"]
+    return dict(arrays, inv_rms=1 / np.sqrt(np.mean(x * x, axis=-1) + EPS))
+
+
+def recomputing(numpy, torch):
+    """The references of a backward given kept statistics: PyTorch's autograd recomputes
+    them, with eps = EPS."""
+    return {"numpy": numpy, "torch": partial(torch, eps=EPS)}
+
+
+CHECKS = {
+    "rmsnorm_fwd": Check(references(reference_block.rmsnorm_fwd_numpy,
+                                    reference_block.rmsnorm_fwd_torch), CHECK_SIZES,
+                         lambda sizes: {"eps": EPS}),
+    # n past the 16 partial sums, uneven
+    "rmsnorm_bwd": Check(recomputing(reference_block.rmsnorm_bwd_numpy,
+                                     reference_block.rmsnorm_bwd_torch),
+                         CHECK_SIZES + (dict(batch=2, n=40, d=33),), inputs=kept_statistic),
+    "rmsnorm_apply": Check(references(reference_block.rmsnorm_apply_numpy,
+                                      reference_block.rmsnorm_apply_torch), CHECK_SIZES,
+                           inputs=kept_statistic),
+}
+BENCH = dict.fromkeys(CHECKS, Bench(lambda n: dict(batch=1, n=n, d=1024), quick=(1024,),
+                                    full=(1024, 8192)))

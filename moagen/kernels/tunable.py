@@ -2,8 +2,6 @@
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
-TARGET_KINDS = ("cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class Tunable:

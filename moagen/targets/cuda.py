@@ -1,0 +1,19 @@
+"""CUDA: built with nvcc into a library of host launchers, run through pycuda where there is
+a GPU; compiled for every GPU we target on any machine."""
+from moagen import build
+from moagen.bind import cuda as loader
+from moagen.codegen.cuda import emit_cuda
+from moagen.targets.target import Target
+
+
+def compile_for_gpus(source, stem):
+    """A cubin per GPU we target (moagen.build.CUDA_ARCHS), whether one is here or not."""
+    for arch in build.CUDA_ARCHS:
+        result = build.compile_cuda(source, stem, arch)
+        yield f"compiled {stem}.cu for {arch}: {result.cubin}"
+
+
+TARGET = Target("cuda", extension="cu", kind="cuda", emit=emit_cuda, build=build.build_cuda,
+                load=loader.load, bind=loader.bind, toolchain="cuda",
+                runs_here=loader.available, missing="no GPU (or no pycuda)",
+                compile_only=compile_for_gpus)
