@@ -80,7 +80,7 @@ def test_every_step_of_the_new_schedules_keeps_the_value(kernel, variant):
 # ---- register tiles -------------------------------------------------------------------
 
 def test_register_tile_keeps_mr_by_nr_accumulators_and_an_edge_for_the_last_columns():
-    onf = onf_of("mlp_fwd", "tiled")
+    onf = onf_of("mlp_fwd", "tiled", params={"row_block": 96})
     nests = {n.label: n for n in onf.nests}
     assert [n.label for n in onf.nests][:3] == ["U.pack_Wg", "U", "U.edge"]
     tile, edge, pack = nests["U"], nests["U.edge"], nests["U.pack_Wg"]
@@ -167,7 +167,7 @@ def test_register_tile_refuses_what_is_not_a_contraction(transform, words):
 def test_dweight_is_summed_in_fixed_parts_without_atomics():
     onf = onf_of("rmsnorm_bwd")
     partial = next(n for n in onf.nests if n.label == "dweight.partial")
-    assert partial.body[0].var.name == "p" and partial.body[0].parallel == 1
+    assert partial.body[0].var.name == "i_part" and partial.body[0].parallel == 1
     assert str(partial.body[0].stop) == "16"
     assert not any(isinstance(s, Store) and s.atomic for n in onf.nests for s in walk(n.body))
     assert [(b.name, tuple(map(str, b.shape))) for b in onf.temps] == [("dweight_part", ("16", "d"))]
