@@ -3,12 +3,18 @@
  * Schedule: hoist(); parallel(b, i, nest=U); parallel(b, i, nest=H); parallel(b, i, nest=F).
  * Do not edit; regenerate with: moagen emit --lang cuda mlp_fwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+ * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+ * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* U: from the DNF
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* U: writes U; reads X, Wg
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f64_U(
     const double *__restrict__ X,
@@ -37,8 +43,8 @@ __global__ void mlp_fwd_naive_f64_U(
     }
 }
 
-/* H: from the DNF
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* H: reads X, Wu, U; scratch H
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f64_H(
     const double *__restrict__ X,
@@ -67,8 +73,8 @@ __global__ void mlp_fwd_naive_f64_H(
     }
 }
 
-/* F: from the DNF
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* F: writes F; reads Wd; scratch H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f64_F(
     const double *__restrict__ X,
@@ -138,8 +144,8 @@ extern "C" int mlp_fwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* U: from the DNF
- * U[b, i, e] = sum[c2 < dm]((<b i c2> psi X) * (<c2 e> psi Wg))
+/* U: writes U; reads X, Wg
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f32_U(
     const float *__restrict__ X,
@@ -168,8 +174,8 @@ __global__ void mlp_fwd_naive_f32_U(
     }
 }
 
-/* H: from the DNF
- * H[b, i, e] = silu((<b i e> psi U)) * sum[c3 < dm]((<b i c3> psi X) * (<c3 e> psi Wu))
+/* H: reads X, Wu, U; scratch H
+ * for b, i (parallel) / e / c (simd)
  */
 __global__ void mlp_fwd_naive_f32_H(
     const float *__restrict__ X,
@@ -198,8 +204,8 @@ __global__ void mlp_fwd_naive_f32_H(
     }
 }
 
-/* F: from the DNF
- * F[b, i, c] = sum[e2 < dff]((<b i e2> psi H) * (<e2 c> psi Wd))
+/* F: writes F; reads Wd; scratch H
+ * for b, i (parallel) / c / e (simd)
  */
 __global__ void mlp_fwd_naive_f32_F(
     const float *__restrict__ X,

@@ -3,12 +3,16 @@
  * Schedule: parallel(b, i).
  * Do not edit; regenerate with: moagen emit --lang cuda residual_add --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* y: from the DNF
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* y: writes y; reads x, R
+ * for b, i (parallel) / m (simd)
  */
 __global__ void residual_add_dnf_f64_y(
     const double *__restrict__ x,
@@ -50,8 +54,8 @@ extern "C" int residual_add_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* y: from the DNF
- * y[b, i, m] = (<b i m> psi x) + (<b i m> psi R)
+/* y: writes y; reads x, R
+ * for b, i (parallel) / m (simd)
  */
 __global__ void residual_add_dnf_f32_y(
     const float *__restrict__ x,

@@ -3,12 +3,16 @@
  * Schedule: parallel(b, i).
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_apply --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+ */
+
 #include <math.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f64_z(
     const double *__restrict__ x,
@@ -52,8 +56,8 @@ extern "C" int rmsnorm_apply_dnf_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* z: from the DNF
- * z[b, i, c] = (<c> psi weight) * (<b i c> psi x) * (<b i> psi inv_rms)
+/* z: writes z; reads weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_apply_dnf_f32_z(
     const float *__restrict__ x,

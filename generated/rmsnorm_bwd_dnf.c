@@ -3,6 +3,21 @@
  * Schedule: partial_sums(dweight, i, 16, rows=dx); hoist(); parallel(p, nest=dweight.partial).
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant dnf
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -19,19 +34,8 @@ void rmsnorm_bwd_dnf_f64(
     int64_t d
 )
 {
-    /* dweight.partial: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+     * for p (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
@@ -56,12 +60,8 @@ void rmsnorm_bwd_dnf_f64(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / p (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         double dweight_sum = 0.0;
@@ -86,19 +86,8 @@ void rmsnorm_bwd_dnf_f32(
     int64_t d
 )
 {
-    /* dweight.partial: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: writes dx; reads dz, weight, x, inv_rms; scratch dweight_part
+     * for p (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
@@ -123,12 +112,8 @@ void rmsnorm_bwd_dnf_f32(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / p (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         float dweight_sum = 0.0f;

@@ -3,6 +3,21 @@
  * Schedule: partial_sums(dweight, i, 16); hoist(); parallel(b, i, nest=dx); parallel(p, nest=dweight.partial).
  * Do not edit; regenerate with: moagen emit --lang c rmsnorm_bwd --variant naive
  */
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
+ * dx[b, i, c] = (<b i> psi inv_rms)
+ *               * ((<b i c> psi dz) * (<c> psi weight)
+ *               - (<b i c> psi x) * (<b i> psi inv_rms)
+ *               * sum[c2 < d](
+ *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
+ *               )
+ *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
 #include <math.h>
 #include <stdint.h>
 
@@ -19,14 +34,8 @@ void rmsnorm_bwd_naive_f64(
     int64_t d
 )
 {
-    /* dx: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
+    /* dx: writes dx; reads dz, weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -43,12 +52,8 @@ void rmsnorm_bwd_naive_f64(
             }
         }
     }
-    /* dweight.partial: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+     * for p (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
@@ -65,12 +70,8 @@ void rmsnorm_bwd_naive_f64(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / p (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         double dweight_sum = 0.0;
@@ -95,14 +96,8 @@ void rmsnorm_bwd_naive_f32(
     int64_t d
 )
 {
-    /* dx: from the DNF
-     * dx[b, i, c] = (<b i> psi inv_rms)
-     *               * ((<b i c> psi dz) * (<c> psi weight)
-     *               - (<b i c> psi x) * (<b i> psi inv_rms)
-     *               * sum[c2 < d](
-     *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
-     *               )
-     *               / d)
+    /* dx: writes dx; reads dz, weight, x, inv_rms
+     * for b, i (parallel) / c (simd)
      */
     #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
@@ -119,12 +114,8 @@ void rmsnorm_bwd_naive_f32(
             }
         }
     }
-    /* dweight.partial: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+     * for p (parallel) / c (simd), b / i / c (simd)
      */
     #pragma omp parallel for collapse(1) schedule(static)
     for (int64_t p = 0; p < 16; ++p) {
@@ -141,12 +132,8 @@ void rmsnorm_bwd_naive_f32(
             }
         }
     }
-    /* dweight: from the DNF
-     * dweight[c] = sum[b2 < batch](
-     *                  sum[i2 < n](
-     *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
-     *                  )
-     *              )
+    /* dweight: writes dweight; scratch dweight_part
+     * for c / p (simd)
      */
     for (int64_t c = 0; c < d; ++c) {
         float dweight_sum = 0.0f;

@@ -3,11 +3,7 @@
  * Schedule: partial_sums(dweight, i, 16); hoist(); parallel(b, i, nest=dx); parallel(p, nest=dweight.partial).
  * Do not edit; regenerate with: moagen emit --lang cuda rmsnorm_bwd --variant naive
  */
-#include <math.h>
-#include <stdint.h>
-#include <cuda_runtime.h>
-
-/* dx: from the DNF
+/* What the kernel computes, as its DNF (psi-reduced, before scheduling):
  * dx[b, i, c] = (<b i> psi inv_rms)
  *               * ((<b i c> psi dz) * (<c> psi weight)
  *               - (<b i c> psi x) * (<b i> psi inv_rms)
@@ -15,6 +11,19 @@
  *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
  *               )
  *               / d)
+ * dweight[c] = sum[b2 < batch](
+ *                  sum[i2 < n](
+ *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
+ *                  )
+ *              )
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+/* dx: writes dx; reads dz, weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dx(
     const double *__restrict__ x,
@@ -43,12 +52,8 @@ __global__ void rmsnorm_bwd_naive_f64_dx(
     }
 }
 
-/* dweight.partial: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+ * for p (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     const double *__restrict__ x,
@@ -78,12 +83,8 @@ __global__ void rmsnorm_bwd_naive_f64_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / p (simd)
  */
 __global__ void rmsnorm_bwd_naive_f64_dweight(
     const double *__restrict__ x,
@@ -149,14 +150,8 @@ extern "C" int rmsnorm_bwd_naive_f64(
     return (int)cudaDeviceSynchronize();
 }
 
-/* dx: from the DNF
- * dx[b, i, c] = (<b i> psi inv_rms)
- *               * ((<b i c> psi dz) * (<c> psi weight)
- *               - (<b i c> psi x) * (<b i> psi inv_rms)
- *               * sum[c2 < d](
- *                   (<b i c2> psi dz) * (<c2> psi weight) * (<b i c2> psi x) * (<b i> psi inv_rms)
- *               )
- *               / d)
+/* dx: writes dx; reads dz, weight, x, inv_rms
+ * for b, i (parallel) / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dx(
     const float *__restrict__ x,
@@ -185,12 +180,8 @@ __global__ void rmsnorm_bwd_naive_f32_dx(
     }
 }
 
-/* dweight.partial: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight.partial: reads dz, x, inv_rms; scratch dweight_part
+ * for p (parallel) / c (simd), b / i / c (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     const float *__restrict__ x,
@@ -220,12 +211,8 @@ __global__ void rmsnorm_bwd_naive_f32_dweight_partial(
     }
 }
 
-/* dweight: from the DNF
- * dweight[c] = sum[b2 < batch](
- *                  sum[i2 < n](
- *                      (<b2 i2 c> psi dz) * (<b2 i2 c> psi x) * (<b2 i2> psi inv_rms)
- *                  )
- *              )
+/* dweight: writes dweight; scratch dweight_part
+ * for c / p (simd)
  */
 __global__ void rmsnorm_bwd_naive_f32_dweight(
     const float *__restrict__ x,
